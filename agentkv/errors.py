@@ -1,0 +1,33 @@
+"""agentkv's exceptions."""
+
+from __future__ import annotations
+
+
+class AgentKVError(Exception):
+    """Base class of agentkv's own errors."""
+
+
+class ConfigurationError(AgentKVError, ValueError):
+    """A Backend, Session or policy was configured with a value that cannot work."""
+
+
+class ContextOverflowError(AgentKVError):
+    """A request fits no configured backend, or a guard stopped it before it was sent.
+
+    Attributes name what was counted and where it would have gone, so a caller can act on it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        input_tokens: int,
+        windows: dict[str, int | None],
+        max_tokens: int | None = None,
+        suggested_backend: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.input_tokens = input_tokens
+        self.windows = dict(windows)
+        self.max_tokens = max_tokens
+        self.suggested_backend = suggested_backend

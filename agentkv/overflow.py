@@ -1,0 +1,162 @@
+"""Recognise a context-overflow error and parse the server's numbers out of it (pure functions).
+
+Every vLLM wording is handled; each yields an :class:`Overflow` that says which numbers are real
+prompt lengths and which are only thresholds. The current wording's "at least L-M+1 input tokens" is a
+threshold: clamping ``max_tokens`` to ``L - threshold`` gives ``M - 1`` and loops forever, so it is
+reported with ``prompt_is_lower_bound=True`` and the driver must get a real count or escalate.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_INT = r"(\d[\d,]*)"
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """What an overflow error said.
+
+    ``max_context`` is the server's window as it reported it (None where the wording gives no
+    trustworthy window); ``prompt_tokens`` is the prompt length the server gave, exact unless
+    ``prompt_is_lower_bound``; ``requested_output`` is the output budget it saw, when stated.
+    """
+
+    variant: str
+    max_context: int | None
+    prompt_tokens: int | None
+    requested_output: int | None = None
+    prompt_is_lower_bound: bool = False
+
+    def room_for_output(self, real_prompt_tokens: int | None = None) -> int | None:
+        """Tokens of output that fit, given an exact prompt count (or the server's, when exact)."""
+        prompt = real_prompt_tokens
+        if prompt is None and not self.prompt_is_lower_bound:
+            prompt = self.prompt_tokens
+        if prompt is None or self.max_context is None:
+            return None
+        return self.max_context - prompt
+
+
+def _n(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _messages_and_completion(m: re.Match[str]) -> Overflow:
+    return Overflow("messages_and_completion", _n(m[1]), _n(m[3]), _n(m[4]))
+
+
+def _max_tokens_too_large(m: re.Match[str]) -> Overflow:
+    return Overflow("max_tokens_too_large", _n(m[2]), _n(m[3]), _n(m[1]))
+
+
+def _at_least(m: re.Match[str]) -> Overflow:
+    return Overflow("at_least", _n(m[1]), _n(m[3]), _n(m[2]), prompt_is_lower_bound=True)
+
+
+def _input_only(m: re.Match[str]) -> Overflow:
+    # Some releases reported max_model_len - max_tokens as the "maximum context length": not trusted.
+    return Overflow("input_tokens", None, _n(m[2]))
+
+
+def _decoder_prompt(m: re.Match[str]) -> Overflow:
+    return Overflow("decoder_prompt", _n(m[2]), _n(m[1]))
+
+
+def _prompt_too_long(m: re.Match[str]) -> Overflow:
+    return Overflow("prompt_too_long", _n(m[2]), _n(m[1]))
+
+
+_PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ...] = (
+    (
+        re.compile(
+            rf"maximum context length is {_INT} tokens\. However, you requested {_INT} tokens "
+            rf"\({_INT} in the messages, {_INT} in the completion\)"
+        ),
+        _messages_and_completion,
+    ),
+    (
+        re.compile(
+            rf"'max_tokens' or 'max_completion_tokens' is too large: {_INT}\. This model's maximum "
+            rf"context length is {_INT} tokens and your request has {_INT} input tokens"
+        ),
+        _max_tokens_too_large,
+    ),
+    (
+        re.compile(
+            rf"maximum context length is {_INT} tokens\. However, you requested {_INT} output tokens "
+            rf"and your prompt contains at least {_INT} input tokens"
+        ),
+        _at_least,
+    ),
+    (
+        re.compile(rf"maximum context length is {_INT} tokens\. However, your request has {_INT} input tokens"),
+        _input_only,
+    ),
+    (
+        re.compile(
+            rf"decoder prompt \(length {_INT}\) plus the number of requested output tokens.*?"
+            rf"maximum model length of {_INT}",
+            re.S,
+        ),
+        _decoder_prompt,
+    ),
+    (
+        re.compile(rf"prompt \(total length {_INT}\) is too long to fit into the model \(context length {_INT}\)"),
+        _prompt_too_long,
+    ),
+)
+
+_GENERIC = re.compile(
+    r"context[ _-]?(length|window)[ _-]?exceeded|maximum context length|too long to fit|"
+    r"maximum model length|prompt is too long|reduce the length",
+    re.I,
+)
+
+
+def parse_overflow(text: str) -> Overflow | None:
+    """The overflow the error text describes, or None when it is not a context overflow."""
+    for pattern, build in _PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return build(match)
+    if _GENERIC.search(text):
+        return Overflow("unparsed", None, None)
+    return None
+
+
+def error_text(error: BaseException) -> str:
+    """All the text an exception carries: litellm keeps the server's JSON only inside ``str(e)``."""
+    parts = [str(error), str(getattr(error, "message", "") or "")]
+    body = getattr(error, "body", None)
+    if body:
+        parts.append(str(body))
+    return "\n".join(parts)
+
+
+def _status_code(error: BaseException) -> int | None:
+    code = getattr(error, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def overflow_from_error(error: BaseException) -> Overflow | None:
+    """The overflow behind a litellm/HTTP error, or None for any other error.
+
+    A ``ContextWindowExceededError`` always counts; any other error counts only when it is a 400 whose
+    text is a recognised overflow wording.
+    """
+    is_cwe = type(error).__name__ == "ContextWindowExceededError"
+    if not is_cwe and _status_code(error) not in (400, 413, None):
+        return None
+    found = parse_overflow(error_text(error))
+    if found is None and is_cwe:
+        return Overflow("unparsed", None, None)
+    if found is not None and not is_cwe and _status_code(error) is None and not _is_bad_request(error):
+        return None
+    return found
+
+
+def _is_bad_request(error: Any) -> bool:
+    return any(cls.__name__ == "BadRequestError" for cls in type(error).__mro__)

@@ -1,0 +1,168 @@
+"""Routing decisions as pure functions of token counts and windows.
+
+``decide_route`` says where a request goes before anything is sent; ``plan_recovery`` says what to do
+after a backend answered with a context-overflow error. Neither does I/O, sleeps or logs: the Session
+carries their decisions out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from agentkv.errors import ConfigurationError, ContextOverflowError
+from agentkv.overflow import Overflow
+
+Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate"]
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    """How close to a window a request may go.
+
+    ``output_floor``: output tokens every request must have room for (a request whose input plus the
+    floor exceeds the fast window goes to slow). ``min_output``: the smallest output budget a clamp may
+    leave; below it the request escalates instead.
+
+        RoutePolicy(output_floor=256, min_output=256)
+    """
+
+    output_floor: int = 256
+    min_output: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("output_floor", "min_output"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"RoutePolicy.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A backend as routing sees it: its label, its window (None if unknown), and whether it may be used."""
+
+    name: str
+    window: int | None
+    usable: bool = True
+    why_unusable: str = ""
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Where a request goes and why.
+
+    ``backend``: the chosen backend's name; ``role``: "fast" or "slow"; ``reason``: "fits",
+    "proactive", "clamped", "reactive_clamp" or "reactive_escalate"; ``estimated_input_tokens``: the
+    count routing used; ``window``: the chosen backend's window; ``max_tokens``: what is sent
+    (None: the caller set none); ``count_source``: which token source counted; ``note``: why a
+    reroute was declined, if one was.
+    """
+
+    backend: str
+    role: Literal["fast", "slow"]
+    reason: Reason
+    estimated_input_tokens: int
+    window: int | None
+    max_tokens: int | None
+    count_source: str = ""
+    note: str = ""
+
+
+def decide_route(
+    *,
+    route_tokens: int,
+    safe_tokens: int,
+    max_tokens: int | None,
+    fast: Target,
+    slow: Target,
+    policy: RoutePolicy = RoutePolicy(),
+    count_source: str = "",
+) -> RouteDecision:
+    """Route before failing: fast when input and output fit, a clamp when only the input fits, else slow.
+
+    ``route_tokens`` is the count used to choose a backend (an under-estimate at worst: a borderline
+    turn stays on fast and the reactive path catches it); ``safe_tokens`` is used to clamp the output
+    budget (an over-estimate at worst). Raises :class:`ContextOverflowError` when not even slow holds it.
+    """
+    base = RouteDecision(fast.name, "fast", "fits", route_tokens, fast.window, max_tokens, count_source)
+    if fast.window is None:
+        return base
+    if route_tokens + policy.output_floor > fast.window:
+        return _to_slow(base, fast, slow, policy, safe_tokens)
+    if max_tokens is not None and safe_tokens + max_tokens > fast.window:
+        room = fast.window - safe_tokens
+        if room >= policy.min_output:
+            return replace(base, reason="clamped", max_tokens=room)
+        return _to_slow(base, fast, slow, policy, safe_tokens)
+    return base
+
+
+def _to_slow(base: RouteDecision, fast: Target, slow: Target, policy: RoutePolicy, safe_tokens: int) -> RouteDecision:
+    if not slow.usable:
+        return replace(base, note=f"not rerouted to {slow.name!r}: {slow.why_unusable}")
+    check_fits_slow(base.estimated_input_tokens, fast, slow, policy, base.max_tokens)
+    max_tokens = _slow_budget(base.max_tokens, safe_tokens, base.estimated_input_tokens, slow.window)
+    return replace(base, backend=slow.name, role="slow", reason="proactive", window=slow.window, max_tokens=max_tokens)
+
+
+def check_fits_slow(route_tokens: int, fast: Target, slow: Target, policy: RoutePolicy, max_tokens: int | None) -> None:
+    """Raise :class:`ContextOverflowError` when the slow backend cannot hold the input plus the floor."""
+    if slow.window is not None and route_tokens + policy.output_floor > slow.window:
+        raise ContextOverflowError(
+            f"request of about {route_tokens} input tokens (+{policy.output_floor} output floor) fits neither "
+            f"{fast.name!r} (window {fast.window}) nor {slow.name!r} (window {slow.window}); nothing was sent",
+            input_tokens=route_tokens, windows={fast.name: fast.window, slow.name: slow.window},
+            max_tokens=max_tokens,
+        )
+
+
+def _slow_budget(max_tokens: int | None, safe_tokens: int, route_tokens: int, window: int | None) -> int | None:
+    if max_tokens is None or window is None or safe_tokens + max_tokens <= window:
+        return max_tokens
+    room = window - safe_tokens
+    return room if room >= 1 else max(1, window - route_tokens)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What to do after an overflow: "clamp" (same backend, new ``max_tokens``), "escalate", or "give_up"."""
+
+    action: Literal["clamp", "escalate", "give_up"]
+    max_tokens: int | None = None
+    corrected_window: int | None = None
+    prompt_tokens: int | None = None
+    why: str = ""
+
+
+def plan_recovery(
+    overflow: Overflow,
+    *,
+    role: Literal["fast", "slow"],
+    exact_prompt_tokens: int | None,
+    requested_max_tokens: int | None,
+    known_window: int | None,
+    already_clamped: bool,
+    slow_usable: bool,
+    policy: RoutePolicy = RoutePolicy(),
+) -> Recovery:
+    """Clamp and retry once when the real prompt leaves ``min_output``; otherwise escalate (or give up).
+
+    The real prompt comes from an exact count, or from the server's message when it states the real
+    length; the "at least" wording's threshold is never used as a prompt length.
+    """
+    window = overflow.max_context or known_window
+    corrected = overflow.max_context if overflow.max_context and overflow.max_context != known_window else None
+    prompt = exact_prompt_tokens if exact_prompt_tokens is not None else _stated_prompt(overflow)
+    room = None if prompt is None or window is None else window - prompt
+    if room is not None and room >= policy.min_output and not already_clamped:
+        budget = room if requested_max_tokens is None else min(room, requested_max_tokens)
+        if requested_max_tokens is None or budget < requested_max_tokens:  # the same budget would fail again
+            return Recovery("clamp", budget, corrected, prompt, f"{room} tokens of output fit")
+    if role == "fast" and slow_usable:
+        why = "no exact prompt count" if prompt is None else f"only {room} tokens of output fit"
+        return Recovery("escalate", None, corrected, prompt, why)
+    return Recovery("give_up", None, corrected, prompt, "no larger backend to take the request")
+
+
+def _stated_prompt(overflow: Overflow) -> int | None:
+    return None if overflow.prompt_is_lower_bound else overflow.prompt_tokens

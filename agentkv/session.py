@@ -1,0 +1,390 @@
+"""The Session: routes each request of an agent's loop between a fast and a slow backend.
+
+``Session.completion`` and ``Session.acompletion`` are thin drivers over shared planning steps: count
+the payload (:mod:`agentkv.tokens`), decide the route (:func:`agentkv.routing.decide_route`), maybe
+fire a warm-ahead (:mod:`agentkv.warm`), send through litellm with transient retries, and on a
+context overflow plan a recovery (:func:`agentkv.routing.plan_recovery`).
+
+    with Session(fast=fast, slow=slow, tenant="acme", session_id="chat-42") as s:
+        resp = s.completion(messages=messages, tools=tools, max_tokens=4096)
+        s.last_route, s.stats()
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+from typing import Any, Callable
+
+from agentkv import _env
+from agentkv.backends import Backend, WindowDiscovery, catalog_window, default_discovery
+from agentkv.errors import ConfigurationError, ContextOverflowError
+from agentkv.events import emit
+from agentkv.overflow import overflow_from_error
+from agentkv.prefix import PrefixReport, build_report, explain_divergence
+from agentkv.retry import RetryPolicy
+from agentkv.routing import RouteDecision, RoutePolicy, Target, decide_route, plan_recovery
+from agentkv.session_parts import Attempt, request_kwargs, response_cached_tokens, warm_kwargs
+from agentkv.stats import LedgerEntry, SessionStats
+from agentkv.tenancy import derive_cache_salt
+from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, decide_warm, default_cooldowns, default_in_flight
+from agentkv.warm_runner import AsyncWarms, default_pool
+
+
+class Session:
+    """A fast/slow routing session for one conversation of one tenant.
+
+    ``fast`` answers while the conversation fits its window; ``slow`` takes what it cannot hold.
+    ``client`` is anything with litellm's ``completion``/``acompletion`` (litellm itself by default);
+    ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances.
+    ``cache_salt`` is sent as ``extra_body.cache_salt`` to self-hosted backends; when it is not given
+    and the Session has a tenant, it is derived as HMAC(``cache_salt_secret``, tenant) (the secret
+    defaulting to ``AGENTKV_CACHE_SALT_SECRET``).
+    """
+
+    def __init__(
+        self,
+        fast: Backend,
+        slow: Backend | None = None,
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        routing: RoutePolicy = RoutePolicy(),
+        warm_ahead: WarmAheadPolicy = WarmAheadPolicy(),
+        retry: RetryPolicy = RetryPolicy(),
+        discovery: WindowDiscovery | None = None,
+        cooldowns: CooldownMap | None = None,
+        in_flight: InFlightLimit | None = None,
+        cache_salt: str | None = None,
+        cache_salt_secret: str | None = None,
+        client: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        count_with_server: bool = True,
+        handoff: Any = None,
+    ) -> None:
+        _check_backends(fast, slow)
+        self.fast, self.slow = fast, slow
+        self.tenant = tenant
+        self.session_id = session_id or str(uuid.uuid4())
+        self.routing, self.warm_ahead, self.retry = routing, warm_ahead, retry
+        self.discovery = discovery or default_discovery()
+        self._cooldowns = (cooldowns or default_cooldowns()).for_tenant(tenant)
+        self._in_flight = in_flight or default_in_flight()
+        self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
+        self._client = client
+        self._clock = clock
+        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server) for b in (fast, slow) if b}
+        self.handoff = handoff
+        self._stats = SessionStats()
+        self.ledger: list[LedgerEntry] = []
+        self.last_route: RouteDecision | None = None
+        self._history: list[Payload] = []
+        self._warmed: Payload | None = None
+        self._async_warms = AsyncWarms()
+        self.closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def close(self) -> None:
+        """Stop accepting requests. In-flight warms are left to finish or time out; nothing waits."""
+        self.closed = True
+
+    async def aclose(self) -> None:
+        """Async close: cancels this Session's in-flight warm tasks."""
+        self._async_warms.cancel_all()
+        self.close()
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def client(self) -> Any:
+        """The litellm-compatible client (litellm itself, imported on first use)."""
+        if self._client is None:
+            self._client = _env.import_litellm()
+        return self._client
+
+    def completion(self, **kwargs: Any) -> Any:
+        """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
+        payload = self._open_request(kwargs)
+        for backend in self._backends():
+            self.discovery.window(backend)
+        attempt = self._plan(kwargs, payload, self.counters[self.fast.label].count(payload))
+        self._maybe_warm(attempt, kwargs, self._fire_sync)
+        while True:
+            call = attempt.call_kwargs
+            try:
+                response = self.retry.call(lambda: self.client.completion(**call))
+            except Exception as error:
+                attempt = self._recover(attempt, error, self._exact_prompt(attempt))
+                continue
+            return self._finish(attempt, response)
+
+    async def acompletion(self, **kwargs: Any) -> Any:
+        """The async twin of :meth:`completion`."""
+        payload = self._open_request(kwargs)
+        for backend in self._backends():
+            await self.discovery.aprefetch(backend)
+        attempt = self._plan(kwargs, payload, await self.counters[self.fast.label].acount(payload))
+        self._maybe_warm(attempt, kwargs, self._fire_async)
+        while True:
+            call = attempt.call_kwargs
+            try:
+                response = await self.retry.acall(lambda: self.client.acompletion(**call))
+            except Exception as error:
+                attempt = self._recover(attempt, error, await self._aexact_prompt(attempt))
+                continue
+            return self._finish(attempt, response)
+
+    def stats(self) -> dict[str, Any]:
+        """Plain dict of counters: requests per backend, routes, clamps, fallbacks, warms, cached tokens."""
+        return self._stats.snapshot()
+
+    def count(self, **kwargs: Any) -> TokenCount:
+        """Count a request as the fast backend will receive it, without sending anything."""
+        return self.counters[self.fast.label].count(payload_from_request(kwargs))
+
+    def prefix_report(self) -> PrefixReport | None:
+        """Compare the rendered token prefixes of the last two requests (None before the second)."""
+        if len(self._history) < 2:
+            return None
+        return self._report(self._history[-2], self._history[-1])
+
+    # ----------------------------------------------------------------- planning
+    def _open_request(self, kwargs: dict[str, Any]) -> Payload:
+        if self.closed:
+            raise RuntimeError(f"Session {self.session_id!r} is closed")
+        payload = payload_from_request(kwargs)
+        if payload.messages is None:
+            raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
+        self._history = [*self._history[-1:], payload]
+        return payload
+
+    def _backends(self) -> list[Backend]:
+        return [b for b in (self.fast, self.slow) if b is not None]
+
+    def _targets(self) -> tuple[Target, Target]:
+        fast = Target(self.fast.label, self.discovery.window(self.fast).window)
+        if self.slow is None:
+            return fast, Target("(none)", None, usable=False, why_unusable="no slow backend configured")
+        slow = Target(self.slow.label, self.discovery.window(self.slow).window)
+        if self.slow.is_cloud and catalog_window(self.slow.model) is None:
+            why = f"cloud model {self.slow.model!r} is not in litellm's catalog"
+            slow = replace(slow, usable=False, why_unusable=why)
+        return fast, slow
+
+    def _plan(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount) -> Attempt:
+        fast, slow = self._targets()
+        try:
+            decision = decide_route(
+                route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
+                fast=fast, slow=slow, policy=self.routing, count_source=count.source,
+            )
+        except ContextOverflowError:
+            self._stats.add("slow_overflow_refusals")
+            raise
+        if decision.note:
+            self._stats.add("catalog_refusals")
+        self._log_route(decision, count)
+        return Attempt(decision, self._backend(decision.role), kwargs, payload, count, self.cache_salt)
+
+    def _backend(self, role: str) -> Backend:
+        return self.slow if role == "slow" and self.slow is not None else self.fast
+
+    def _log_route(self, decision: RouteDecision, count: TokenCount) -> None:
+        self.last_route = decision
+        emit(
+            "route", reason=decision.reason, target=decision.backend, role=decision.role,
+            estimate=decision.estimated_input_tokens, floor=self.routing.output_floor, window=decision.window,
+            max_tokens=decision.max_tokens, count_source=count.source, exact=count.exact,
+            tool_tokens=count.tools, session=self.session_id, tenant=self.tenant, note=decision.note or None,
+        )
+
+    # ----------------------------------------------------------------- the reactive path
+    def _recover(self, attempt: Attempt, error: Exception, exact_prompt: int | None) -> Attempt:
+        overflow = overflow_from_error(error)
+        if overflow is None:
+            raise error
+        self._stats.add("overflow_errors")
+        window = self.discovery.window(attempt.backend).window
+        if overflow.max_context and overflow.max_context != window:
+            self.discovery.correct(attempt.backend, overflow.max_context)
+        _, slow = self._targets()
+        plan = plan_recovery(
+            overflow, role=attempt.decision.role, exact_prompt_tokens=exact_prompt,
+            requested_max_tokens=attempt.decision.max_tokens, known_window=window,
+            already_clamped=attempt.reactive_clamped, slow_usable=slow.usable and attempt.decision.role == "fast",
+            policy=self.routing,
+        )
+        emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
+             backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
+        if plan.action == "give_up":
+            raise ContextOverflowError(
+                f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {plan.why}",
+                input_tokens=plan.prompt_tokens or attempt.count.total,
+                windows={attempt.backend.label: overflow.max_context or window}, max_tokens=attempt.decision.max_tokens,
+            ) from error
+        return self._next_attempt(attempt, plan.action, plan.max_tokens, plan.prompt_tokens, slow)
+
+    def _next_attempt(self, attempt: Attempt, action: str, max_tokens: int | None, prompt: int | None,
+                      slow: Target) -> Attempt:
+        self._stats.add("reactive_fallbacks")
+        estimate = prompt if prompt is not None else attempt.decision.estimated_input_tokens
+        if action == "clamp":
+            decision = replace(attempt.decision, reason="reactive_clamp", max_tokens=max_tokens,
+                               estimated_input_tokens=estimate)
+            self._log_route(decision, attempt.count)
+            return replace(attempt, decision=decision, reactive_clamped=True)
+        decision = RouteDecision(slow.name, "slow", "reactive_escalate", estimate, slow.window,
+                                 _max_tokens(attempt.kwargs), attempt.count.source)
+        self._log_route(decision, attempt.count)
+        return replace(attempt, decision=decision, backend=self._backend("slow"), reactive_clamped=False)
+
+    def _exact_prompt(self, attempt: Attempt) -> int | None:
+        if attempt.count.exact:
+            return attempt.count.total
+        counter = self.counters[attempt.backend.label]
+        exact = counter.count(attempt.payload)
+        return exact.total if exact.exact else None
+
+    async def _aexact_prompt(self, attempt: Attempt) -> int | None:
+        if attempt.count.exact:
+            return attempt.count.total
+        exact = await self.counters[attempt.backend.label].acount(attempt.payload)
+        return exact.total if exact.exact else None
+
+    # ----------------------------------------------------------------- completion bookkeeping
+    def _finish(self, attempt: Attempt, response: Any) -> Any:
+        decision = attempt.decision
+        self._stats.request(decision.backend)
+        for reason, counter in (("proactive", "proactive_routes"), ("clamped", "clamps"),
+                                ("reactive_clamp", "reactive_clamps"), ("reactive_escalate", "reactive_escalations")):
+            if decision.reason == reason:
+                self._stats.add(counter)
+        cached = response_cached_tokens(response)
+        self._stats.add("cached_tokens_total", cached or 0)
+        if decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate"):
+            self._record_escalation(attempt, cached)
+        count = attempt.count
+        self.ledger.append(LedgerEntry(
+            len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source, count.exact,
+            decision.backend, decision.reason, attempt.warm, cached,
+        ))
+        return response
+
+    def _record_escalation(self, attempt: Attempt, cached: int | None) -> None:
+        self._stats.add("escalations")
+        self._stats.add("cached_tokens_on_escalation", cached or 0)
+        if self._warmed is None:
+            return
+        self._stats.add("escalations_after_warm")
+        report = self._report(self._warmed, attempt.payload, counter_label=attempt.backend.label)
+        if not report.intact:
+            self._stats.add("warm_prefix_broken")
+            emit("warm_prefix_broken", level="warning", reason=report.reason, reusable_tokens=report.reusable_tokens,
+                 warmed_tokens=report.previous_tokens, session=self.session_id)
+
+    def _report(self, previous: Payload, current: Payload, counter_label: str | None = None) -> PrefixReport:
+        counter = self.counters[counter_label or self.fast.label]
+        prev_ids, exact = counter.token_ids(previous, add_generation_prompt=False)
+        ids, exact_now = counter.token_ids(current)
+        divergence = explain_divergence(previous.messages or (), previous.tools, current.messages or (), current.tools)
+        return build_report(prev_ids, ids, divergence, exact=exact and exact_now)
+
+    # ----------------------------------------------------------------- warm-ahead
+    def _maybe_warm(self, attempt: Attempt, kwargs: dict[str, Any], fire: Callable[[dict[str, Any]], None]) -> None:
+        if self.slow is None:
+            return
+        decision = decide_warm(
+            estimated_tokens=attempt.count.total, fast_window=self.discovery.window(self.fast).window,
+            routed_role=attempt.decision.role, enabled=_env.warm_ahead_enabled(),
+            model_known=self.discovery.served_model_known(self.slow), policy=self.warm_ahead,
+        )
+        outcome = self._guard(decision.outcome)
+        attempt.warm = outcome
+        if outcome in ("disabled", "unknown_model", "cooldown", "saturated"):
+            self._stats.add(f"warm_skipped_{outcome}")
+        if outcome != "fire":
+            return
+        self._stats.add("warm_fired")
+        self._warmed = attempt.payload
+        emit("warm_fired", target=self.slow.label, estimate=attempt.count.total, session=self.session_id,
+             tenant=self.tenant)
+        fire(warm_kwargs(self.slow, kwargs, self.cache_salt, self.warm_ahead.timeout_s))
+
+    def _guard(self, outcome: str) -> str:
+        if outcome != "fire":
+            return outcome
+        if self._cooldowns.active(self.session_id):
+            return "cooldown"
+        if not self._in_flight.try_acquire():
+            return "saturated"
+        if not self._cooldowns.claim(self.session_id):
+            self._in_flight.release()
+            return "cooldown"
+        return "fire"
+
+    def _fire_sync(self, call: dict[str, Any]) -> None:
+        def job() -> None:
+            try:
+                self.client.completion(**call)
+                self._stats.add("warm_completed")
+            except Exception as exc:  # a warm never raises into anyone
+                self._warm_failed(exc)
+            finally:
+                self._in_flight.release()
+
+        default_pool().submit(job)
+
+    def _fire_async(self, call: dict[str, Any]) -> None:
+        async def job() -> None:
+            try:
+                await self.client.acompletion(**call)
+                self._stats.add("warm_completed")
+            except Exception as exc:  # a warm never raises into anyone
+                self._warm_failed(exc)
+            finally:
+                self._in_flight.release()
+
+        self._async_warms.spawn(job, self.warm_ahead.timeout_s + 1.0)
+
+    def _warm_failed(self, exc: BaseException) -> None:
+        self._stats.add("warm_failed")
+        emit("warm_failed", level="warning", error=type(exc).__name__, detail=str(exc)[:200],
+             session=self.session_id, tenant=self.tenant)
+
+    async def wait_for_warms(self, timeout_s: float = 30.0) -> None:
+        """Wait for this Session's async warms (for tests, benchmarks and demos, not for requests)."""
+        await self._async_warms.wait(timeout_s)
+
+
+def _max_tokens(kwargs: dict[str, Any]) -> int | None:
+    value = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"max_tokens must be a positive int, got {value!r}")
+    return value
+
+
+def _check_backends(fast: Any, slow: Any) -> None:
+    if not isinstance(fast, Backend):
+        raise ConfigurationError(f"Session(fast=...) must be a Backend, got {type(fast).__name__}")
+    if slow is not None and not isinstance(slow, Backend):
+        raise ConfigurationError(f"Session(slow=...) must be a Backend or None, got {type(slow).__name__}")
+    if slow is not None and slow.label == fast.label:
+        raise ConfigurationError(f"fast and slow backends need distinct names; both are {fast.label!r}")
+
+
+def _derive_salt(tenant: str | None, secret: str | None) -> str | None:
+    secret = secret or _env.cache_salt_secret()
+    return derive_cache_salt(secret, tenant) if tenant and secret else None

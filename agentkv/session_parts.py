@@ -1,0 +1,78 @@
+"""Value objects and request builders the Session's drivers share.
+
+The real request and the warm-ahead request are built by the same function, so their messages,
+tools, ``tool_choice``, chat-template kwargs and ``cache_salt`` are serialised the same way and the
+warm's rendered prompt is a token-exact prefix of the escalated request's.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from agentkv.backends import Backend
+from agentkv.routing import RouteDecision
+from agentkv.tenancy import with_cache_salt
+from agentkv.tokens import Payload, TokenCount
+
+# Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
+PROMPT_KEYS = ("messages", "tools", "tool_choice", "chat_template_kwargs", "extra_body", "functions")
+_ADDRESS_KEYS = ("model", "api_base", "base_url", "api_key")
+
+
+@dataclass
+class Attempt:
+    """One try at sending a request: the route, the backend, the caller's kwargs and what was counted."""
+
+    decision: RouteDecision
+    backend: Backend
+    kwargs: Mapping[str, Any]
+    payload: Payload
+    count: TokenCount
+    cache_salt: str | None
+    reactive_clamped: bool = False
+    warm: str = ""
+
+    @property
+    def call_kwargs(self) -> dict[str, Any]:
+        """The litellm kwargs for this try."""
+        return request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens)
+
+
+def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None) -> dict[str, Any]:
+    """The caller's kwargs addressed to ``backend``: copies, never the caller's own objects.
+
+    Messages and tools are passed whole, in order. ``max_tokens`` replaces the caller's budget only
+    when routing clamped it (the caller's key, ``max_tokens`` or ``max_completion_tokens``, is kept).
+    """
+    call = {k: copy.deepcopy(v) for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
+    call.update(backend.litellm_kwargs())
+    if max_tokens is not None:
+        key = "max_completion_tokens" if "max_completion_tokens" in kwargs and "max_tokens" not in kwargs else "max_tokens"
+        call[key] = max_tokens
+    return with_cache_salt(call, salt if backend.api_base else None)
+
+
+def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float) -> dict[str, Any]:
+    """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt."""
+    shaped = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
+    call = request_kwargs(slow, shaped, salt, max_tokens=1)
+    call["timeout"] = timeout_s
+    return call
+
+
+def response_cached_tokens(response: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of a litellm response (or dict), when reported."""
+    usage = _field(response, "usage")
+    details = _field(usage, "prompt_tokens_details")
+    cached = _field(details, "cached_tokens")
+    return int(cached) if isinstance(cached, int) else None
+
+
+def _field(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)

@@ -1,0 +1,63 @@
+"""Per-session counters and the per-turn token ledger."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+COUNTERS = (
+    "requests_total", "proactive_routes", "clamps", "reactive_clamps", "reactive_escalations",
+    "reactive_fallbacks", "escalations", "overflow_errors", "slow_overflow_refusals",
+    "warm_fired", "warm_skipped_cooldown", "warm_skipped_disabled", "warm_skipped_unknown_model",
+    "warm_skipped_saturated", "warm_failed", "warm_completed", "escalations_after_warm",
+    "cached_tokens_total", "cached_tokens_on_escalation", "mapped_tokens", "handoff_fallbacks",
+    "catalog_refusals", "warm_prefix_broken",
+)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One request: its tokens, the tool schemas' share, the count source, the route, cached tokens."""
+
+    turn: int
+    input_tokens: int
+    tool_tokens: int
+    tools_share: float
+    count_source: str
+    exact: bool
+    backend: str
+    reason: str
+    warm: str
+    cached_tokens: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SessionStats:
+    """Thread-safe counters: flat named counters plus requests per backend."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
+        self._per_backend: Counter[str] = Counter()
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += amount
+
+    def request(self, backend: str) -> None:
+        with self._lock:
+            self._per_backend[backend] += 1
+            self._counts["requests_total"] += 1
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self._counts[name]
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain dict: every counter, and ``requests`` per backend name."""
+        with self._lock:
+            return {**dict(self._counts), "requests": dict(self._per_backend)}

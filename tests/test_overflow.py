@@ -1,0 +1,82 @@
+"""The overflow parser reads every vLLM wording, and knows a threshold from a prompt length."""
+
+import pytest
+
+from agentkv.overflow import Overflow, overflow_from_error, parse_overflow
+
+V1 = ("This model's maximum context length is 16384 tokens. However, you requested 16400 tokens "
+      "(12304 in the messages, 4096 in the completion). Please reduce the length of the messages or completion.")
+V2 = ("'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context length is 16384 "
+      "tokens and your request has 12304 input tokens (4096 > 16384 - 12304).")
+V3 = ("This model's maximum context length is 12288 tokens. However, your request has 12304 input tokens. "
+      "Please reduce the length of the input messages. (parameter=input_tokens, value=12304)")
+V4 = ("This model's maximum context length is 16384 tokens. However, you requested 4096 output tokens and your "
+      "prompt contains at least 12289 input tokens, for a total of at least 16385 tokens. Please reduce the length "
+      "of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=12289)")
+V5a = ("The decoder prompt (length 17000) plus the number of requested output tokens (at least 1) is longer than "
+       "the maximum model length of 16384. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+V5b = "The prompt (total length 17000) is too long to fit into the model (context length 16384)."
+
+
+def test_variant_1_messages_and_completion():
+    """The 'N in the messages, M in the completion' wording gives the real prompt and output."""
+    assert parse_overflow(V1) == Overflow("messages_and_completion", 16384, 12304, 4096)
+
+
+def test_variant_2_max_tokens_too_large():
+    """The 'max_tokens is too large' wording gives L, P and M."""
+    assert parse_overflow(V2) == Overflow("max_tokens_too_large", 16384, 12304, 4096)
+
+
+def test_variant_3_input_tokens_has_no_trusted_window():
+    """The input-only wording gives the prompt but not a trusted window (some releases sent L - M)."""
+    found = parse_overflow(V3)
+    assert found == Overflow("input_tokens", None, 12304)
+
+
+def test_variant_4_at_least_is_a_threshold():
+    """The current wording's 'at least L-M+1' is flagged a lower bound and never used to clamp."""
+    found = parse_overflow(V4)
+    assert found is not None and found.prompt_is_lower_bound
+    assert (found.max_context, found.requested_output, found.prompt_tokens) == (16384, 4096, 12289)
+    assert found.room_for_output() is None
+    assert found.room_for_output(real_prompt_tokens=12000) == 4384
+
+
+@pytest.mark.parametrize("text,prompt", [(V5a, 17000), (V5b, 17000)])
+def test_variant_5_engine_level(text, prompt):
+    """Both engine-level wordings give the prompt length and the model length."""
+    found = parse_overflow(text)
+    assert found is not None and (found.prompt_tokens, found.max_context) == (prompt, 16384)
+
+
+def test_unrelated_text_is_not_overflow():
+    """An error about something else is not an overflow."""
+    assert parse_overflow("Invalid value for 'temperature': must be >= 0") is None
+
+
+def test_numbers_with_commas():
+    """Thousands separators are accepted."""
+    found = parse_overflow(V1.replace("16384", "16,384"))
+    assert found is not None and found.max_context == 16384
+
+
+class BadRequestError(Exception):
+    status_code = 400
+
+
+class ContextWindowExceededError(BadRequestError):
+    pass
+
+
+class RateLimitError(Exception):
+    status_code = 429
+
+
+def test_error_classification():
+    """A matching 400 or a ContextWindowExceededError is an overflow; a 429 with similar text is not."""
+    body = '{"error": {"message": "%s", "type": "BadRequestError", "param": "input_tokens", "code": 400}}' % V4
+    assert overflow_from_error(BadRequestError(f"litellm.BadRequestError: Hosted_vllmException - {body}")).variant == "at_least"
+    assert overflow_from_error(ContextWindowExceededError("context window exceeded")).variant == "unparsed"
+    assert overflow_from_error(RateLimitError(V4)) is None
+    assert overflow_from_error(BadRequestError("unknown field 'foo'")) is None

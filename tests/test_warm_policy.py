@@ -1,0 +1,99 @@
+"""Warm-ahead decisions and guards, without a server."""
+
+import threading
+
+import pytest
+
+from agentkv.errors import ConfigurationError
+from agentkv.testing import FakeClock
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, decide_warm
+from agentkv.tenancy import derive_cache_salt, with_cache_salt
+
+POLICY = WarmAheadPolicy()
+
+
+def decide(tokens, **kw):
+    args = dict(estimated_tokens=tokens, fast_window=1000, routed_role="fast", enabled=True, model_known=True,
+                policy=POLICY)
+    args.update(kw)
+    return decide_warm(**args).outcome
+
+
+def test_threshold_is_sixty_percent():
+    """Below 60% of the fast window nothing fires; at 60% it fires."""
+    assert decide(599) == "below_threshold"
+    assert decide(600) == "fire"
+
+
+def test_guards_in_order():
+    """Routed-to-slow, disabled and unknown-model each stop a warm, and say which."""
+    assert decide(700, routed_role="slow") == "routed_slow"
+    assert decide(700, enabled=False) == "disabled"
+    assert decide(700, model_known=False) == "unknown_model"
+    assert decide(700, fast_window=None) == "no_window"
+
+
+def test_cooldown_one_per_session_per_ttl():
+    """A session claims once per cooldown; after the TTL on the fake clock it may claim again."""
+    clock = FakeClock()
+    view = CooldownMap(ttl_s=300, timer=clock).for_tenant("acme")
+    assert view.claim("s1") and not view.claim("s1")
+    clock.advance(299)
+    assert not view.claim("s1")
+    clock.advance(2)
+    assert view.claim("s1")
+
+
+def test_tenants_cannot_touch_each_other():
+    """One tenant's view cannot read or reset another tenant's entry for the same session id."""
+    shared = CooldownMap()
+    a, b = shared.for_tenant("a"), shared.for_tenant("b")
+    assert a.claim("chat-1")
+    assert not b.active("chat-1")
+    b.reset("chat-1")
+    assert a.active("chat-1")
+    assert not hasattr(shared, "keys") and not hasattr(a, "keys")
+
+
+def test_map_stays_bounded_under_threads():
+    """1,000 sessions across 8 threads leave at most 256 entries and raise nothing."""
+    shared = CooldownMap(maxsize=256)
+    errors = []
+
+    def work(t):
+        try:
+            view = shared.for_tenant(f"tenant-{t}")
+            for i in range(125):
+                view.claim(f"s-{i}")
+        except Exception as exc:  # pragma: no cover - the assertion below reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and shared.size() <= 256
+
+
+def test_in_flight_limit_skips_past_bound():
+    """Past N in flight, acquiring fails at once instead of queueing."""
+    limit = InFlightLimit(2)
+    assert limit.try_acquire() and limit.try_acquire() and not limit.try_acquire()
+    limit.release()
+    assert limit.try_acquire()
+
+
+def test_policy_validation():
+    """A threshold outside (0, 1] is refused by name."""
+    with pytest.raises(ConfigurationError, match="threshold"):
+        WarmAheadPolicy(threshold=1.5)
+
+
+def test_salt_is_hmac_of_tenant_and_added_without_mutation():
+    """The salt is stable per tenant, differs across tenants, and is added to a copy of extra_body."""
+    assert derive_cache_salt("s3cret", "a") == derive_cache_salt("s3cret", "a") != derive_cache_salt("s3cret", "b")
+    extra = {"chat_template_kwargs": {"x": 1}}
+    call = with_cache_salt({"extra_body": extra}, "salt")
+    assert call["extra_body"] == {"chat_template_kwargs": {"x": 1}, "cache_salt": "salt"}
+    assert extra == {"chat_template_kwargs": {"x": 1}}
