@@ -1,0 +1,366 @@
+"""The embedded engine: one transformers causal LM, a real prefix cache, greedy or seeded-sampling decode.
+
+A request reuses the longest run of cached 16-token blocks of its prompt (never the final token), prefills only
+the rest, and caches every full block of the prompt and of the generated text for the next request. Requests are
+serialised by one lock; ``stream`` holds it while its iterator is being consumed.
+
+Usage::
+
+    engine = LocalEngine.from_size("small")                    # model id "agentkv-small", window 2048
+    ids = engine.tokenize_chat([{"role": "user", "content": "hi"}])
+    result = engine.generate(ids, max_tokens=16, cache_salt="tenant-a")
+    result.text, result.cached_tokens, result.ttft_s
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+import structlog
+
+from agentkv.local import kv
+from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
+from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, visible_text
+from agentkv.local.limits import ContextLengthExceeded, check_length
+from agentkv.local.models import DEFAULT_WINDOWS, build_model, load_model
+from agentkv.local.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    import torch
+
+log = structlog.get_logger("agentkv.local.engine")
+
+DEFAULT_CACHE_BUDGET_BYTES = 512 << 20
+DEFAULT_PREFILL_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed step: the generated token (None for trailing text only) and the text it completes."""
+
+    token_id: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A finished request. ``token_ids`` includes the EOS token when one ended it; ``text`` does not."""
+
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    finish_reason: str
+    ttft_s: float
+    total_s: float
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens, EOS included (as vLLM counts them)."""
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters since the engine started; prefix-cache figures are in tokens, as vLLM's metrics are."""
+
+    requests_started: int
+    requests_finished: Mapping[str, int]
+    prompt_tokens: int
+    generation_tokens: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    cache_bytes_used: int
+    cache_budget_bytes: int
+    cache_blocks: int
+
+
+@dataclass
+class _Counters:
+    requests_started: int = 0
+    requests_finished: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+class LocalEngine:
+    """An in-process model with a vLLM-style prefix cache, serving one request at a time."""
+
+    def __init__(
+        self,
+        model: Any,
+        codec: Codec | None = None,
+        *,
+        model_id: str = "agentkv",
+        max_model_len: int | None = None,
+        cache_budget_bytes: int = DEFAULT_CACHE_BUDGET_BYTES,
+        block_size: int = 16,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        self.model = model
+        self.codec: Codec = codec or TiktokenCodec()
+        self.model_id = model_id
+        self.max_model_len = int(max_model_len or model.config.max_position_embeddings)
+        self.block_size = block_size
+        self.prefill_chunk = prefill_chunk
+        self.prefix_cache = PrefixCache(block_size=block_size, budget_bytes=cache_budget_bytes)
+        self._bias = logit_bias(self.codec, int(model.config.vocab_size))
+        self._lock = threading.Lock()  # serialises requests and cache access
+        self._stats_lock = threading.Lock()  # counters only, so metrics never wait for a request
+        self._counters = _Counters()
+        log.info("local.engine.ready", model_id=model_id, max_model_len=self.max_model_len,
+                 layers=self.num_layers, parameters=sum(p.numel() for p in model.parameters()))
+
+    @classmethod
+    def from_size(
+        cls, size: str = "small", *, seed: int = 0, model_id: str | None = None, max_model_len: int | None = None,
+        model_overrides: Mapping[str, Any] | None = None, **engine_kwargs: Any,
+    ) -> LocalEngine:
+        """An engine over ``build_model(size, seed=seed)``, served as ``agentkv-{size}`` by default."""
+        model = build_model(size, seed=seed, **dict(model_overrides or {}))
+        window = max_model_len or DEFAULT_WINDOWS.get(size)
+        return cls(model, model_id=model_id or f"agentkv-{size}", max_model_len=window, **engine_kwargs)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, model_id: str | None = None, **engine_kwargs: Any
+    ) -> LocalEngine:
+        """An engine over a checkpoint folder, with its own tokenizer and chat template when it has them."""
+        model, tokenizer = load_model(path)
+        codec = HFCodec(tokenizer) if tokenizer is not None else TiktokenCodec()
+        return cls(model, codec, model_id=model_id or Path(path).name, **engine_kwargs)
+
+    # --- shapes and tokenizers -------------------------------------------------------------------
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.model.config.num_key_value_heads)
+
+    @property
+    def head_dim(self) -> int:
+        config = self.model.config
+        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+    @property
+    def encoding(self) -> Any:
+        """The tiktoken encoding, or None when a checkpoint's own tokenizer is in use."""
+        return getattr(self.codec, "encoding", None)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The checkpoint's Hugging Face tokenizer, or None when tiktoken is in use."""
+        return getattr(self.codec, "tokenizer", None)
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: Any = None, *, add_generation_prompt: bool = True, continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text the chat endpoint would tokenize for this conversation."""
+        return self.codec.render(ChatRequest(messages, tools, tool_choice, add_generation_prompt,
+                                             continue_final_message, dict(chat_template_kwargs or {})))
+
+    def tokenize_chat(self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any) -> list[int]:
+        """The token ids the chat endpoint prefills for this conversation (arguments as :meth:`render`)."""
+        return self.codec.encode(self.render(messages, *args, **kwargs), add_special_tokens=False)
+
+    def encode_chat(self, chat: ChatRequest, *, add_special_tokens: bool = False) -> list[int]:
+        """The token ids of a rendered :class:`~agentkv.local.codec.ChatRequest` (what the server prefills)."""
+        return self.codec.encode(self.codec.render(chat), add_special_tokens=add_special_tokens)
+
+    def tokenize_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a plain prompt."""
+        return self.codec.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``; invalid UTF-8 becomes U+FFFD."""
+        return self.codec.decode(token_ids)
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def generate(
+        self, token_ids: Sequence[int], max_tokens: int, *, cache_salt: str | None = None,
+        temperature: float = 0.0, seed: int | None = None,
+    ) -> Generation:
+        """Run one request to completion (raises :class:`ContextLengthExceeded` when it does not fit)."""
+        for item in self.stream(token_ids, max_tokens, cache_salt=cache_salt, temperature=temperature, seed=seed):
+            if isinstance(item, Generation):
+                return item
+        raise RuntimeError("stream ended without a result")  # pragma: no cover
+
+    def stream(
+        self, token_ids: Sequence[int], max_tokens: int, *, cache_salt: str | None = None,
+        temperature: float = 0.0, seed: int | None = None,
+    ) -> Iterator[Delta | Generation]:
+        """Yield a :class:`Delta` per generated token, then the :class:`Generation`; validates eagerly."""
+        prompt = [int(t) for t in token_ids]
+        if not prompt:
+            raise ValueError("the prompt must contain at least one token")
+        error = check_length(len(prompt), max_tokens, self.max_model_len)
+        if error is not None:
+            raise ContextLengthExceeded(error)
+        return self._run(prompt, int(max_tokens), cache_salt, Sampler(temperature, seed, self._bias))
+
+    def _run(self, prompt: list[int], max_tokens: int, salt: str | None, sampler: Sampler
+             ) -> Iterator[Delta | Generation]:
+        with self._lock:
+            started = time.perf_counter()
+            self._count(requests_started=1)
+            cache, cached, logits = self._prefill(prompt, salt)
+            ttft = time.perf_counter() - started
+            generated: list[int] = []
+            finish = "abort"
+            try:
+                yield from self._decode(cache, logits, sampler, len(prompt), max_tokens, generated)
+                finish = "stop" if generated and generated[-1] in self.codec.eos_token_ids else "length"
+            finally:
+                self._finish(prompt, generated, cache, salt, finish)
+            text = visible_text(self.codec, generated, self.codec.eos_token_ids)
+            result = Generation(generated, text, len(prompt), cached, finish, ttft, time.perf_counter() - started)
+            log.info("local.request.finished", model_id=self.model_id, prompt_tokens=len(prompt),
+                     cached_tokens=cached, completion_tokens=len(generated), finish_reason=finish,
+                     ttft_s=round(ttft, 4), total_s=round(result.total_s, 4))
+            yield result
+
+    def _decode(self, cache: Any, logits: torch.Tensor, sampler: Sampler, prompt_len: int, max_tokens: int,
+                generated: list[int]) -> Iterator[Delta]:
+        """Sample up to ``max_tokens`` tokens into ``generated``, stopping after EOS."""
+        detokenizer = Detokenizer(self.codec, skip=self.codec.eos_token_ids)
+        while len(generated) < max_tokens:
+            token = sampler(logits)
+            generated.append(token)
+            yield Delta(token, detokenizer.push(token))
+            if token in self.codec.eos_token_ids:
+                break
+            if len(generated) < max_tokens:
+                logits = self._forward([token], cache, prompt_len + len(generated) - 1)
+        tail = detokenizer.flush()
+        if tail:
+            yield Delta(None, tail)
+
+    def _prefill(self, prompt: list[int], salt: str | None) -> tuple[Any, int, torch.Tensor]:
+        """Restore the longest cached prefix (never the last token), prefill the rest, cache the prompt."""
+        import torch
+
+        reusable = (len(prompt) - 1) // self.block_size * self.block_size
+        blocks = self.prefix_cache.match(self.prefix_cache.hashes(prompt[:reusable], salt))
+        cached = len(blocks) * self.block_size
+        with torch.inference_mode():
+            cache = kv.cache_from_blocks(blocks, self.model.config)
+            logits = self._forward(prompt[cached:], cache, cached)
+            self._store(prompt, cache, salt)
+        self._count(prefix_cache_queries=len(prompt), prefix_cache_hits=cached)
+        return cache, cached, logits
+
+    def _forward(self, ids: list[int], cache: Any, start: int) -> torch.Tensor:
+        """Feed ``ids`` at positions ``start..`` in chunks; the next-token logits ``[vocab]`` of the last one."""
+        import torch
+
+        logits = None
+        with torch.inference_mode():
+            for offset in range(0, len(ids), self.prefill_chunk):
+                chunk = ids[offset : offset + self.prefill_chunk]
+                first = start + offset
+                positions = torch.arange(first, first + len(chunk)).unsqueeze(0)  # (1, T)
+                out = self.model(input_ids=torch.tensor([chunk]), position_ids=positions, cache=cache,
+                                 use_cache=True, logits_to_keep=1)
+                logits = out.logits[0, -1]
+        assert logits is not None
+        return logits
+
+    def _store(self, tokens: list[int], cache: Any, salt: str | None) -> None:
+        """Cache every full block of ``tokens`` whose KV ``cache`` holds and the prefix cache lacks."""
+        import torch
+
+        held = tokens[: cache.get_seq_length()]
+        keys, values = kv.layer_kv(cache)
+        with torch.inference_mode():
+            self.prefix_cache.insert(self.prefix_cache.hashes(held, salt),
+                                     lambda i: kv.block_from_layers(keys, values, i, self.block_size))
+
+    def _finish(self, prompt: list[int], generated: list[int], cache: Any, salt: str | None, reason: str) -> None:
+        self._store(prompt + generated, cache, salt)
+        self._count(prompt_tokens=len(prompt), generation_tokens=len(generated), finished=reason)
+
+    # --- KV access for handoff ------------------------------------------------------------------
+
+    def cached_prefix_kv(
+        self, token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> tuple[int, list[torch.Tensor], list[torch.Tensor]]:
+        """The cached KV of the longest run of leading full blocks of ``token_ids``.
+
+        Returns ``(n_tokens, keys, values)``; keys and values are per layer ``[1, kv_heads, n_tokens, head_dim]``
+        (zero-length when nothing is cached). Unlike a request, this may cover the final token.
+        """
+        import torch
+
+        with self._lock:
+            blocks = self.prefix_cache.match(self.prefix_cache.hashes(list(token_ids), cache_salt))
+            with torch.inference_mode():
+                keys, values = kv.stack_blocks(blocks)
+        if not blocks:
+            keys, values = self._empty_kv(), self._empty_kv()
+        return len(blocks) * self.block_size, keys, values
+
+    def install_prefix_kv(
+        self, token_ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+        cache_salt: str | None = None,
+    ) -> int:
+        """Cache externally computed KV for ``token_ids`` under this engine's hash chain.
+
+        keys, values: per layer ``[1, kv_heads, seq, head_dim]``; only full blocks within both ``seq`` and
+        ``len(token_ids)`` are used, and blocks already cached are kept. Returns how many leading tokens of
+        ``token_ids`` the cache now covers.
+        """
+        seq = kv.check_layer_shapes(keys, values, layers=self.num_layers, kv_heads=self.kv_heads,
+                                    head_dim=self.head_dim)
+        dtype = next(self.model.parameters()).dtype
+        keys = [k.detach().to("cpu", dtype) for k in keys]
+        values = [v.detach().to("cpu", dtype) for v in values]
+        usable = min(seq, len(token_ids)) // self.block_size * self.block_size
+        with self._lock:
+            hashes = self.prefix_cache.hashes(list(token_ids[:usable]), cache_salt)
+            covered = self.prefix_cache.insert(hashes, lambda i: kv.block_from_layers(keys, values, i,
+                                                                                      self.block_size))
+        log.info("local.prefix_cache.installed", model_id=self.model_id, tokens=covered * self.block_size)
+        return covered * self.block_size
+
+    def _empty_kv(self) -> list[torch.Tensor]:
+        import torch
+
+        dtype = next(self.model.parameters()).dtype
+        return [torch.zeros(1, self.kv_heads, 0, self.head_dim, dtype=dtype) for _ in range(self.num_layers)]
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def _count(self, finished: str | None = None, **increments: int) -> None:
+        with self._stats_lock:
+            for name, amount in increments.items():
+                setattr(self._counters, name, getattr(self._counters, name) + amount)
+            if finished is not None:
+                self._counters.requests_finished[finished] += 1
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the request and prefix-cache counters; never waits for a running request."""
+        with self._stats_lock:
+            c = self._counters
+            return EngineStats(c.requests_started, dict(c.requests_finished), c.prompt_tokens,
+                               c.generation_tokens, c.prefix_cache_queries, c.prefix_cache_hits,
+                               self.prefix_cache.bytes_used, self.prefix_cache.budget_bytes,
+                               len(self.prefix_cache))
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block (vLLM's ``/reset_prefix_cache``)."""
+        with self._lock:
+            self.prefix_cache.clear()

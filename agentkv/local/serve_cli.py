@@ -1,0 +1,55 @@
+"""``agentkv serve``: one embedded model over vLLM's OpenAI-compatible API on 127.0.0.1.
+
+Usage::
+
+    agentkv serve --size small --window 2048 --port 8001
+    agentkv serve --model-path ./ckpt --served-model-name my-model --port 8002
+
+Runs until Ctrl-C or SIGTERM, then shuts down cleanly. torch and transformers are imported only in :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` subcommand's options."""
+    parser.add_argument("--size", default="small", help="model size to build (tiny, small, large)")
+    parser.add_argument("--model-path", default=None, help="serve a save_pretrained folder instead of a size")
+    parser.add_argument("--window", type=int, default=None, help="max_model_len (default: the size's own)")
+    parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0 picks a free one)")
+    parser.add_argument("--served-model-name", default=None, help="model id (default agentkv-SIZE)")
+    parser.add_argument("--cache-budget-mb", type=int, default=512, help="prefix-cache budget in MiB")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed for a built model")
+
+
+def _server(args: argparse.Namespace) -> Any:
+    from agentkv.local.server import LocalServer
+
+    budget = args.cache_budget_mb << 20
+    if args.model_path:
+        return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
+                                           port=args.port, cache_budget_bytes=budget)
+    return LocalServer.from_size(args.size, window=args.window, model_id=args.served_model_name, port=args.port,
+                                 seed=args.seed, cache_budget_bytes=budget)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; returns the exit status."""
+    stopping = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server = _server(args).start()
+        print(f"agentkv serve: {server.model_id} (max_model_len={server.max_model_len}) at {server.api_base}",
+              flush=True)
+        while not stopping.wait(0.5):
+            pass
+        server.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
