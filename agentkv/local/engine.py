@@ -212,6 +212,19 @@ class LocalEngine:
             raise ContextLengthExceeded(error)
         return self._run(prompt, int(max_tokens), cache_salt, Sampler(temperature, seed, self._bias))
 
+    def prefill_logits(self, token_ids: Sequence[int], cache_salt: str | None = None) -> tuple[torch.Tensor, int]:
+        """Prefill like a request (reusing and filling the prefix cache) without sampling.
+
+        Returns the next-token logits ``[vocab]`` after the last token and how many tokens came from the cache.
+        Counts as a prefix-cache query in :meth:`stats`, not as a request.
+        """
+        prompt = [int(t) for t in token_ids]
+        if not prompt:
+            raise ValueError("the prompt must contain at least one token")
+        with self._lock:
+            _, cached, logits = self._prefill(prompt, cache_salt)
+        return logits, cached
+
     def _run(self, prompt: list[int], max_tokens: int, salt: str | None, sampler: Sampler
              ) -> Iterator[Delta | Generation]:
         with self._lock:

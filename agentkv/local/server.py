@@ -199,6 +199,25 @@ class LocalServer:
         self.engine.max_model_len = int(value)
         log.info("local.server.window_changed", model_id=self.model_id, max_model_len=int(value))
 
+    def backend(self, *, declare_window: bool = False, **overrides: Any) -> Any:
+        """An :class:`agentkv.Backend` addressing this server, with the engine's tokenizer and template.
+
+        The window is left to discovery (``/v1/models``) unless ``declare_window``; ``overrides`` are passed on.
+        """
+        from agentkv.backends import Backend
+        from agentkv.templates import CHATML_TOOLS_TEMPLATE
+
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            tokenizer, template = "cl100k_base", getattr(self.engine.codec, "template", None)
+        else:
+            template = getattr(tokenizer, "chat_template", None) or CHATML_TOOLS_TEMPLATE
+        fields: dict[str, Any] = {"model": f"hosted_vllm/{self.model_id}", "api_base": self.api_base,
+                                  "name": self.model_id, "tokenizer": tokenizer, "chat_template": template}
+        if declare_window:
+            fields["window"] = self.max_model_len
+        return Backend(**{**fields, **overrides})
+
     # --- request log -----------------------------------------------------------------------------
 
     def record(self, method: str, path: str, body: Any) -> None:
@@ -222,8 +241,8 @@ class LocalServer:
     def start(self) -> LocalServer:
         """Serve in a daemon thread; returns self."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"agentkv-serve-{self.port}",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                            name=f"agentkv-serve-{self.port}", daemon=True)
             self._thread.start()
             log.info("local.server.started", model_id=self.model_id, base_url=self.base_url,
                      max_model_len=self.max_model_len)
