@@ -1,0 +1,90 @@
+"""KV handoff: move a conversation's KV cache from one model to another, or replay its tokens.
+
+The default backend, ``replay``, moves no bytes: the target re-prefills the tokens and its prefix
+cache does the work. A mapper backend (``identity``, ``ridge``, ``mlp`` or a third party's, see
+:class:`KVMapper`) turns the source's KV into the target's; a quality gate (:func:`choose_handoff`)
+falls back to ``replay`` when a mapper's held-out attention-output cosine is too low.
+
+Importing this package does not import torch; the torch-backed names below (``calibrate``,
+``evaluate``, ``fit_store``, ``RidgeMapper``, ``MLPMapper``, ``Evaluation``) load on first access.
+
+    mapper = load_mapper("mappers/small-to-large", source=fast_model, target=slow_model)
+    plan = choose_handoff(mapper, min_attention_cosine=0.95)
+    result = handoff_prefix(fast_engine, slow_engine, token_ids, plan.mapper, cache_salt=salt)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from agentkv.handoff.cache import KVCache
+from agentkv.handoff.config import CalibrationConfig, MLPConfig
+from agentkv.handoff.engines import HandoffResult, handoff_prefix
+from agentkv.handoff.errors import (
+    HandoffError,
+    MapperFileError,
+    NotMappableError,
+    SignatureMismatchError,
+    UnknownMapperError,
+)
+from agentkv.handoff.plan import DEFAULT_MIN_ATTENTION_COSINE, HandoffPlan, choose_handoff, log_plan
+from agentkv.handoff.protocol import KVMapper
+from agentkv.handoff.registry import (
+    ENTRY_POINT_GROUP,
+    available_mappers,
+    create_mapper,
+    get_factory,
+    load_mapper,
+    register_mapper,
+    unregister_mapper,
+)
+from agentkv.handoff.signature import ModelSignature, SignaturePair
+
+_LAZY = {
+    "calibrate": "agentkv.handoff.calibration",
+    "fit_store": "agentkv.handoff.calibration",
+    "evaluate": "agentkv.handoff.evaluation",
+    "Evaluation": "agentkv.handoff.evaluation",
+    "RidgeMapper": "agentkv.handoff.ridge",
+    "MLPMapper": "agentkv.handoff.mlp",
+}
+
+__all__ = [
+    "CalibrationConfig",
+    "DEFAULT_MIN_ATTENTION_COSINE",
+    "ENTRY_POINT_GROUP",
+    "Evaluation",
+    "HandoffError",
+    "HandoffPlan",
+    "HandoffResult",
+    "KVCache",
+    "KVMapper",
+    "MLPConfig",
+    "MLPMapper",
+    "MapperFileError",
+    "ModelSignature",
+    "NotMappableError",
+    "RidgeMapper",
+    "SignatureMismatchError",
+    "SignaturePair",
+    "UnknownMapperError",
+    "available_mappers",
+    "calibrate",
+    "choose_handoff",
+    "create_mapper",
+    "evaluate",
+    "fit_store",
+    "get_factory",
+    "handoff_prefix",
+    "load_mapper",
+    "log_plan",
+    "register_mapper",
+    "unregister_mapper",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentkv.handoff' has no attribute {name!r}")

@@ -1,0 +1,161 @@
+"""What every learned mapper shares: layer selection, RoPE handling, the map pipeline and the file format.
+
+A learned mapper is a :class:`MapGeometry` plus a per-target-layer transform ``(layer, kind, x) -> y``
+with ``x: [rows, k * kv_heads * head_dim]`` (the k selected source layers, all heads concatenated)
+and ``y: [rows, kv_heads * head_dim]``. :func:`map_cache` does the rest.
+
+Files: ``manifest.json`` (backend, signatures, selection, hyper-parameters, evaluation figures) and
+``weights.safetensors`` (transform weights and both rope tables). Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from agentkv.handoff.cache import KVCache
+from agentkv.handoff.collect import flatten_layers, unflatten_rows
+from agentkv.handoff.errors import MapperFileError
+from agentkv.handoff.protocol import check_source
+from agentkv.handoff.registry import MANIFEST, read_manifest
+from agentkv.handoff.rope import RopeTable
+from agentkv.handoff.signature import SignaturePair
+
+WEIGHTS = "weights.safetensors"
+FORMAT_VERSION = 1
+KINDS = ("keys", "values")
+
+Transform = Callable[[int, str, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MapGeometry:
+    """Which source layers feed each target layer, and how positions are handled.
+
+    selected[t]: the source layer indices (best first) whose KV predicts target layer ``t``.
+    strip_rope: fit and map in position-free space (re-applying the target's RoPE), else post-RoPE.
+    """
+
+    pair: SignaturePair
+    selected: tuple[tuple[int, ...], ...]
+    source_rope: RopeTable
+    target_rope: RopeTable
+    strip_rope: bool = True
+
+    @property
+    def in_dim(self) -> int:
+        """Feature width: k * kv_heads * head_dim."""
+        src = self.pair.source
+        return len(self.selected[0]) * src.kv_heads * src.head_dim
+
+    @property
+    def out_dim(self) -> int:
+        """Output width per target layer: kv_heads * head_dim."""
+        return self.pair.target.kv_heads * self.pair.target.head_dim
+
+    def to_manifest(self) -> dict[str, Any]:
+        """JSON-ready fields (rope tables go to the weights file)."""
+        return {
+            "signatures": self.pair.to_dict(),
+            "selected_layers": [list(s) for s in self.selected],
+            "strip_rope": self.strip_rope,
+            "attention_scaling": {"source": self.source_rope.attention_scaling,
+                                  "target": self.target_rope.attention_scaling},
+        }
+
+    def rope_tensors(self) -> dict[str, torch.Tensor]:
+        """The rope tables as named tensors."""
+        return {"rope.source.inv_freq": self.source_rope.inv_freq, "rope.target.inv_freq": self.target_rope.inv_freq}
+
+    @classmethod
+    def from_files(cls, manifest: dict[str, Any], tensors: dict[str, torch.Tensor]) -> MapGeometry:
+        """Inverse of :meth:`to_manifest` + :meth:`rope_tensors`."""
+        scaling = manifest["attention_scaling"]
+        return cls(
+            pair=SignaturePair.from_dict(manifest["signatures"]),
+            selected=tuple(tuple(int(i) for i in s) for s in manifest["selected_layers"]),
+            source_rope=RopeTable(tensors["rope.source.inv_freq"], float(scaling["source"])),
+            target_rope=RopeTable(tensors["rope.target.inv_freq"], float(scaling["target"])),
+            strip_rope=bool(manifest["strip_rope"]),
+        )
+
+
+def source_rows(cache: KVCache, geometry: MapGeometry, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """All source layers as rows, keys stripped if the geometry says so: kind -> [layers, batch*seq, heads*dim]."""
+    keys = cache.keys
+    if geometry.strip_rope:
+        keys = tuple(geometry.source_rope.strip(k.float(), cache.positions) for k in keys)
+    return {"keys": flatten_layers(keys).to(dtype), "values": flatten_layers(cache.values).to(dtype)}
+
+
+def gather_features(rows: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+    """Concatenate the selected layers' heads per token. rows: [layers, n, width] -> [n, k * width]."""
+    index = torch.tensor(layers, device=rows.device)
+    picked = rows.index_select(0, index)  # (L, N, W) -> (k, N, W)
+    return picked.permute(1, 0, 2).reshape(picked.shape[1], -1)  # (k, N, W) -> (N, k*W)
+
+
+@torch.no_grad()
+def map_cache(
+    cache: KVCache, geometry: MapGeometry, transform: Transform, target_positions: torch.Tensor | None = None
+) -> KVCache:
+    """Source cache -> target cache on the cache's device and dtype.
+
+    For every target layer: gather the selected (stripped) source layers, one transform for keys and
+    one for values, then the target's RoPE at ``target_positions`` ([batch, seq]; default the source's).
+    """
+    check_source(geometry.pair, cache)
+    positions = cache.positions if target_positions is None else target_positions.to(cache.positions.device)
+    dtype, batch, heads = cache.keys[0].dtype, cache.batch, geometry.pair.target.kv_heads
+    rows = source_rows(cache, geometry, dtype)
+    out: dict[str, list[torch.Tensor]] = {kind: [] for kind in KINDS}
+    for layer, chosen in enumerate(geometry.selected):
+        for kind in KINDS:
+            y = transform(layer, kind, gather_features(rows[kind], chosen))  # (B*T, H*D)
+            out[kind].append(unflatten_rows(y, batch, heads))  # -> (B, H, T, D)
+    if geometry.strip_rope:
+        out["keys"] = [geometry.target_rope.apply(k, positions) for k in out["keys"]]
+    return KVCache(tuple(out["keys"]), tuple(out["values"]), positions, geometry.pair.target)
+
+
+def save_files(path: str | Path, manifest: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``manifest.json`` and ``weights.safetensors`` into directory ``path``."""
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = {name: t.detach().to("cpu").contiguous().clone() for name, t in tensors.items()}  # no shared storage
+    save_file(plain, str(folder / WEIGHTS), metadata={"format_version": str(FORMAT_VERSION)})
+    body = {"format_version": FORMAT_VERSION, **manifest}
+    (folder / MANIFEST).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+
+
+def load_files(path: str | Path, backend: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read a mapper directory written by ``backend``: ``(manifest, tensors)``."""
+    from safetensors.torch import load_file
+
+    manifest = read_manifest(path)
+    if manifest.get("backend") != backend:
+        raise MapperFileError(f"{path} holds a {manifest.get('backend')!r} mapper, not {backend!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise MapperFileError(f"{path}: unsupported format_version {manifest.get('format_version')!r}")
+    weights = Path(path) / WEIGHTS
+    if not weights.is_file():
+        raise MapperFileError(f"{path} has no {WEIGHTS}")
+    return manifest, load_file(str(weights))
+
+
+def with_evaluation(info: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a mapper's info with evaluation figures merged in."""
+    return {**info, "evaluation": {**info.get("evaluation", {}), **figures}}
+
+
+def held_out_cosine(info: dict[str, Any]) -> float | None:
+    """The gate figure from a mapper's info, if measured."""
+    value = info.get("evaluation", {}).get("attention_cosine")
+    return None if value is None else float(value)
+

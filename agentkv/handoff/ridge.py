@@ -1,0 +1,59 @@
+"""``ridge``: the closed-form linear KV map (Cross-Model KV Cache Transfer in LLM Families, 2026).
+
+Per target layer and per kind (keys, values): ``y = x @ W + b`` with ``x`` the concatenated heads of
+the k best source layers (position-free keys) and ``W = (XcᵀXc + λI)⁻¹ XcᵀYc`` solved in float64
+from streamed statistics. Every target head has its own output columns.
+
+    mapper = RidgeMapper.fit(store, geometry, CalibrationConfig(lam=0.01))
+    target_cache = mapper.map(source_cache)
+    mapper.save("mappers/14b-to-32b"); RidgeMapper.load("mappers/14b-to-32b")
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentkv.handoff.collect import ActivationStore, Progress, no_progress
+from agentkv.handoff.config import CalibrationConfig
+from agentkv.handoff.learned import LearnedMapper, Params
+from agentkv.handoff.linalg import RidgeAccumulator
+from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
+
+
+class RidgeMapper(LearnedMapper):
+    """Per target layer ``t`` and kind: ``{kind}.{t}.weight`` [k*H*D, H*D] and ``{kind}.{t}.bias`` [H*D]."""
+
+    name = "ridge"
+
+    @staticmethod
+    def transform(params: Params, layer: int, kind: str, x: torch.Tensor) -> torch.Tensor:
+        """One matmul: (N, k*H*D) @ (k*H*D, H*D) + (H*D) -> (N, H*D)."""
+        return torch.addmm(params[f"{kind}.{layer}.bias"], x, params[f"{kind}.{layer}.weight"])
+
+    @classmethod
+    def fit(
+        cls,
+        store: ActivationStore,
+        geometry: MapGeometry,
+        config: CalibrationConfig = CalibrationConfig(),
+        progress: Progress = no_progress,
+    ) -> RidgeMapper:
+        """Solve every target layer's key and value map on the store's train split."""
+        params: Params = {}
+        for layer in progress(range(len(geometry.selected)), "fit"):
+            for kind in KINDS:
+                weight, bias = fit_layer(store, geometry.selected[layer], layer, kind, config)
+                params[f"{kind}.{layer}.weight"], params[f"{kind}.{layer}.bias"] = weight.float(), bias.float()
+        info = {"k": len(geometry.selected[0]), "lam": config.lam, "calibration_tokens": store.n_train}
+        return cls(geometry, params, info)
+
+
+def fit_layer(
+    store: ActivationStore, chosen: tuple[int, ...], layer: int, kind: str, config: CalibrationConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stream the train split into one float64 accumulator and solve. -> weight [k*W, W], bias [W] (float64)."""
+    source, target = store.source(kind), store.target(kind)
+    acc = RidgeAccumulator(len(chosen) * source.shape[2], target.shape[2])
+    for rows in store.chunks("train", config.chunk_rows):
+        acc.update(gather_features(source[:, rows], chosen), target[layer, rows])
+    return acc.solve(config.lam)

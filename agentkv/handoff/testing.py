@@ -1,0 +1,115 @@
+"""Small, faithful stand-ins for testing KV handoff without checkpoints or servers.
+
+    source = tiny_qwen3(seed=0)
+    target = depth_upscaled(source, order=(0, 1, 2, 1, 2, 3))     # a related, deeper model
+    engine = PrefillEngine(source)                                # cached_prefix_kv / install_prefix_kv
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 8192}
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+def tiny_qwen3(seed: int = 0, layers: int = 4, **overrides: Any) -> Any:
+    """A random Qwen3 causal LM (hidden 64, 4 query / 2 KV heads of 16), eval mode, float32."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**{**TINY, "num_hidden_layers": layers, **overrides})
+    config._attn_implementation = "sdpa"
+    config._name_or_path = f"tiny-qwen3-{layers}l-seed{seed}"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(config).eval()
+
+
+def tiny_llama3(seed: int = 0, layers: int = 2, **overrides: Any) -> Any:
+    """A random Llama causal LM with Llama 3.1 ``llama3`` rope scaling (factor 8 from 1024 positions)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**TINY, "num_hidden_layers": layers, "rope_parameters": dict(LLAMA3_ROPE), **overrides})
+    config._attn_implementation = "sdpa"
+    config._name_or_path = f"tiny-llama3-{layers}l-seed{seed}"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).eval()
+
+
+@torch.no_grad()
+def damp_residual_writes(model: Any, factor: float) -> Any:
+    """Scale every layer's writes to the residual stream (``o_proj``, ``down_proj``) by ``factor``, in place.
+
+    Trained models have a residual stream that each layer nudges rather than rewrites; random ones don't.
+    """
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight.mul_(factor)
+        layer.mlp.down_proj.weight.mul_(factor)
+    return model
+
+
+@torch.no_grad()
+def depth_upscaled(source: Any, order: Sequence[int], noise: float = 0.05, seed: int = 1) -> Any:
+    """A deeper model whose layer ``i`` is a perturbed copy of source layer ``order[i]`` (SOLAR-style up-scaling).
+
+    Embeddings, final norm and head are copied; each copied matrix gets ``noise * std`` Gaussian noise.
+    """
+    fields = {**source.config.to_dict(), "num_hidden_layers": len(order)}
+    fields.pop("layer_types", None)
+    config = source.config.__class__.from_dict(fields)
+    config._attn_implementation = "sdpa"
+    config._name_or_path = f"{source.config._name_or_path}-upscaled{len(order)}"
+    target = type(source)(config).eval()
+    target.load_state_dict(source.state_dict(), strict=False)
+    gen = torch.Generator().manual_seed(seed)
+    for i, j in enumerate(order):
+        target.model.layers[i].load_state_dict(source.model.layers[j].state_dict())
+        for p in target.model.layers[i].parameters():
+            if p.dim() > 1:
+                p.add_(noise * p.std() * torch.randn(p.shape, generator=gen))
+    return target
+
+
+def random_sequences(count: int, length: int, vocab: int = 256, seed: int = 0) -> list[torch.Tensor]:
+    """``count`` token sequences of ``length`` uniform ids: each [length] int64."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=gen) for _ in range(count)]
+
+
+class PrefillEngine:
+    """An engine stand-in with a whole-prefix cache: what :func:`handoff_prefix` needs and nothing more.
+
+    ``cached_prefix_kv`` prefills the tokens (as if they had been served) and returns their KV, rounded
+    down to ``block_size``; ``install_prefix_kv`` records installed KV per ``(tokens, salt)``.
+    """
+
+    def __init__(self, model: Any, block_size: int = 16) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.installed: dict[tuple[tuple[int, ...], str | None], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+
+    @torch.no_grad()
+    def cached_prefix_kv(
+        self, token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> tuple[int, list[torch.Tensor], list[torch.Tensor]]:
+        """KV of the longest block-aligned prefix: per layer [1, kv_heads, n, head_dim]."""
+        from agentkv.handoff.collect import prefill_cache
+
+        n = (len(token_ids) // self.block_size) * self.block_size
+        if n == 0:
+            return 0, [], []
+        cache = prefill_cache(self.model, torch.tensor([list(token_ids[:n])]))
+        return n, list(cache.keys), list(cache.values)
+
+    def install_prefix_kv(
+        self, token_ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+        cache_salt: str | None = None,
+    ) -> int:
+        """Keep the KV under the token prefix and salt; returns how many tokens it covers."""
+        self.installed[(tuple(token_ids), cache_salt)] = (list(keys), list(values))
+        return len(token_ids)
