@@ -65,6 +65,11 @@ def _decoder_prompt(m: re.Match[str]) -> Overflow:
     return Overflow("decoder_prompt", _n(m[2]), _n(m[1]))
 
 
+def _max_tokens_over_window(m: re.Match[str]) -> Overflow:
+    # max_tokens alone exceeds the window: the message states no prompt length.
+    return Overflow("max_tokens_over_window", _n(m[2]), None, _n(m[1]))
+
+
 def _prompt_too_long(m: re.Match[str]) -> Overflow:
     return Overflow("prompt_too_long", _n(m[2]), _n(m[1]))
 
@@ -104,6 +109,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ..
         _decoder_prompt,
     ),
     (
+        re.compile(rf"max_tokens={_INT} cannot be greater than max_model_len(?:=max_total_tokens)?={_INT}"),
+        _max_tokens_over_window,
+    ),
+    (
         re.compile(rf"prompt \(total length {_INT}\) is too long to fit into the model \(context length {_INT}\)"),
         _prompt_too_long,
     ),
@@ -111,7 +120,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ..
 
 _GENERIC = re.compile(
     r"context[ _-]?(length|window)[ _-]?exceeded|maximum context length|too long to fit|"
-    r"maximum model length|prompt is too long|reduce the length",
+    r"maximum model length|prompt is too long|reduce the length|cannot be greater than max_model_len",
     re.I,
 )
 

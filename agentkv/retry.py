@@ -55,7 +55,7 @@ class RetryPolicy:
 
         return dict(
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(initial=self.initial_s, max=self.max_s, jitter=self.jitter_s),
+            wait=wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s),
             retry=retry_if_exception(is_transient),
             reraise=True,
             before_sleep=_log_retry,
@@ -71,7 +71,10 @@ class RetryPolicy:
         """Await ``fn()``, retrying transient errors."""
         from tenacity import AsyncRetrying
 
-        return await AsyncRetrying(sleep=self.asleep, **self._kwargs())(fn)
+        async def attempt() -> T:  # tenacity awaits only coroutine functions
+            return await fn()
+
+        return await AsyncRetrying(sleep=self.asleep, **self._kwargs())(attempt)
 
 
 def _log_retry(state: Any) -> None:

@@ -12,6 +12,7 @@ context overflow plan a recovery (:func:`agentkv.routing.plan_recovery`).
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -83,6 +84,7 @@ class Session:
         self._history: list[Payload] = []
         self._warmed: Payload | None = None
         self._async_warms = AsyncWarms()
+        self._sync_warms: list[threading.Event] = []
         self.closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -336,6 +338,9 @@ class Session:
         return "fire"
 
     def _fire_sync(self, call: dict[str, Any]) -> None:
+        done = threading.Event()
+        self._sync_warms = [e for e in self._sync_warms if not e.is_set()] + [done]
+
         def job() -> None:
             try:
                 self.client.completion(**call)
@@ -344,6 +349,7 @@ class Session:
                 self._warm_failed(exc)
             finally:
                 self._in_flight.release()
+                done.set()
 
         default_pool().submit(job)
 
@@ -364,8 +370,19 @@ class Session:
         emit("warm_failed", level="warning", error=type(exc).__name__, detail=str(exc)[:200],
              session=self.session_id, tenant=self.tenant)
 
-    async def wait_for_warms(self, timeout_s: float = 30.0) -> None:
-        """Wait for this Session's async warms (for tests, benchmarks and demos, not for requests)."""
+    def drain_warms(self, timeout_s: float = 30.0) -> bool:
+        """Wait up to ``timeout_s`` for this Session's threaded warms; True when none is left in flight.
+
+        For tests, benchmarks and demos: requests never wait for warms.
+        """
+        deadline = time.monotonic() + timeout_s
+        for event in list(self._sync_warms):
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    async def adrain_warms(self, timeout_s: float = 30.0) -> None:
+        """Wait up to ``timeout_s`` for this Session's async warm tasks (tests, benchmarks, demos)."""
         await self._async_warms.wait(timeout_s)
 
 

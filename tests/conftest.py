@@ -6,3 +6,39 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import uuid
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """Two embedded vLLM-compatible servers (tiny models): fast with a 2048 window, slow with 16384."""
+    from agentkv.local.server import LocalServer
+
+    fast = LocalServer.from_size("tiny", window=2048, model_id="fast-tiny")
+    slow = LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1)
+    with fast, slow:
+        yield fast, slow
+
+
+@pytest.fixture
+def fresh(servers):
+    """The servers with empty request logs and fresh discovery/cooldown state for one test."""
+    from agentkv import WindowDiscovery
+    from agentkv.warm import CooldownMap, InFlightLimit
+
+    fast, slow = servers
+    fast.max_model_len, slow.max_model_len = 2048, 16384
+    for server in servers:
+        server.clear_requests()
+    return {
+        "fast": fast, "slow": slow, "discovery": WindowDiscovery(), "cooldowns": CooldownMap(),
+        "in_flight": InFlightLimit(4), "session_id": f"test-{uuid.uuid4()}",
+    }
+
+
+def chat_requests(server):
+    """Bodies of the chat-completion requests a server received."""
+    return [r.body for r in server.requests if r.path == "/v1/chat/completions"]

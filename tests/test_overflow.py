@@ -80,3 +80,10 @@ def test_error_classification():
     assert overflow_from_error(ContextWindowExceededError("context window exceeded")).variant == "unparsed"
     assert overflow_from_error(RateLimitError(V4)) is None
     assert overflow_from_error(BadRequestError("unknown field 'foo'")) is None
+
+
+def test_variant_max_tokens_over_window():
+    """vLLM's 'max_tokens=M cannot be greater than max_model_len=L' gives L and M but no prompt."""
+    text = ("max_tokens=4096 cannot be greater than max_model_len=max_total_tokens=2048. "
+            "Please request fewer output tokens. (parameter=max_tokens, value=4096)")
+    assert parse_overflow(text) == Overflow("max_tokens_over_window", 2048, None, 4096)
