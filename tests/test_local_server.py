@@ -140,8 +140,8 @@ def test_unknown_model_is_404(client):
     assert response.json()["error"]["message"] == "The model `gpt-9` does not exist."
 
 
-@pytest.mark.parametrize("body", [b"{not json", b'["a list"]', b'{"messages": "hi"}', b'{"messages": [], "max_tokens": 0}',
-                                  b'{"messages": [], "cache_salt": ""}'])
+@pytest.mark.parametrize("body", [b"{not json", b'["a list"]', b'{"messages": "hi"}',
+                                  b'{"messages": [], "max_tokens": 0}', b'{"messages": [], "cache_salt": ""}'])
 def test_malformed_bodies_are_400_error_json(client, body):
     """Malformed JSON and invalid fields are answered with a 400 and vLLM's error JSON."""
     response = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})

@@ -44,7 +44,26 @@ _EXPORTS = {
     "LoggedRequest": "agentkv.local.server",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ChatRequest",
+    "ContextLengthExceeded",
+    "DEFAULT_WINDOWS",
+    "Delta",
+    "EngineStats",
+    "Generation",
+    "HFCodec",
+    "KVBlock",
+    "LengthError",
+    "LocalEngine",
+    "LocalServer",
+    "LoggedRequest",
+    "MODEL_SIZES",
+    "PrefixCache",
+    "TiktokenCodec",
+    "build_model",
+    "check_length",
+    "load_model",
+]
 
 
 def __getattr__(name: str) -> Any:

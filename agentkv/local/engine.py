@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-import structlog
-
+from agentkv.events import emit
 from agentkv.local import kv
 from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
 from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, visible_text
@@ -33,7 +32,6 @@ from agentkv.local.prefix_cache import PrefixCache
 if TYPE_CHECKING:
     import torch
 
-log = structlog.get_logger("agentkv.local.engine")
 
 DEFAULT_CACHE_BUDGET_BYTES = 512 << 20
 DEFAULT_PREFILL_CHUNK = 4096
@@ -115,8 +113,8 @@ class LocalEngine:
         self._lock = threading.Lock()  # serialises requests and cache access
         self._stats_lock = threading.Lock()  # counters only, so metrics never wait for a request
         self._counters = _Counters()
-        log.info("local.engine.ready", model_id=model_id, max_model_len=self.max_model_len,
-                 layers=self.num_layers, parameters=sum(p.numel() for p in model.parameters()))
+        emit("local.engine.ready", model_id=model_id, max_model_len=self.max_model_len,
+             layers=self.num_layers, parameters=sum(p.numel() for p in model.parameters()))
 
     @classmethod
     def from_size(
@@ -241,10 +239,10 @@ class LocalEngine:
                 self._finish(prompt, generated, cache, salt, finish)
             text = visible_text(self.codec, generated, self.codec.eos_token_ids)
             result = Generation(generated, text, len(prompt), cached, finish, ttft, time.perf_counter() - started)
-            log.info("local.request.finished", model_id=self.model_id, prompt_tokens=len(prompt),
-                     cached_tokens=cached, completion_tokens=len(generated), finish_reason=finish,
-                     ttft_s=round(ttft, 4), total_s=round(result.total_s, 4))
-            yield result
+            emit("local.request.finished", model_id=self.model_id, prompt_tokens=len(prompt),
+                 cached_tokens=cached, completion_tokens=len(generated), finish_reason=finish,
+                 ttft_s=round(ttft, 4), total_s=round(result.total_s, 4))
+        yield result
 
     def _decode(self, cache: Any, logits: torch.Tensor, sampler: Sampler, prompt_len: int, max_tokens: int,
                 generated: list[int]) -> Iterator[Delta]:
@@ -346,7 +344,7 @@ class LocalEngine:
             hashes = self.prefix_cache.hashes(list(token_ids[:usable]), cache_salt)
             covered = self.prefix_cache.insert(hashes, lambda i: kv.block_from_layers(keys, values, i,
                                                                                       self.block_size))
-        log.info("local.prefix_cache.installed", model_id=self.model_id, tokens=covered * self.block_size)
+        emit("local.prefix_cache.installed", model_id=self.model_id, tokens=covered * self.block_size)
         return covered * self.block_size
 
     def _empty_kv(self) -> list[torch.Tensor]:

@@ -34,7 +34,7 @@ def cache_from_blocks(blocks: Sequence[KVBlock], config: Any) -> Any:
     keys, values = stack_blocks(blocks)
     if not keys:
         return DynamicCache(config=config)
-    return DynamicCache(list(zip(keys, values)), config=config)
+    return DynamicCache(list(zip(keys, values, strict=True)), config=config)
 
 
 def layer_kv(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -32,23 +32,20 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
     """The exposition text for one served model."""
     base = {"engine": "0", "model_name": model_name}
     one = _labels(**base)
-    lines: list[str] = []
-    lines += _metric("vllm:prefix_cache_queries_total", "counter",
-                     "Prefix cache queries, in terms of number of queried tokens.",
-                     [(one, stats.prefix_cache_queries)])
-    lines += _metric("vllm:prefix_cache_hits_total", "counter",
-                     "Prefix cache hits, in terms of number of cached tokens.", [(one, stats.prefix_cache_hits)])
     reasons = sorted(set(FINISH_REASONS) | set(stats.requests_finished))
-    lines += _metric("vllm:request_success_total", "counter", "Count of successfully processed requests.",
-                     [(_labels(**base, finished_reason=r), stats.requests_finished.get(r, 0)) for r in reasons])
-    lines += _metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                     [(one, stats.prompt_tokens)])
-    lines += _metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-                     [(one, stats.generation_tokens)])
     running = stats.requests_started - sum(stats.requests_finished.values())
-    lines += _metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-                     [(one, running)])
     usage = stats.cache_bytes_used / stats.cache_budget_bytes if stats.cache_budget_bytes else 0.0
-    lines += _metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-                     [(one, usage)])
-    return "\n".join(lines) + "\n"
+    families = [
+        ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+         [(one, stats.prefix_cache_queries)]),
+        ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+         [(one, stats.prefix_cache_hits)]),
+        ("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+         [(_labels(**base, finished_reason=r), stats.requests_finished.get(r, 0)) for r in reasons]),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", [(one, stats.prompt_tokens)]),
+        ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+         [(one, stats.generation_tokens)]),
+        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", [(one, running)]),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", [(one, usage)]),
+    ]
+    return "\n".join(line for family in families for line in _metric(*family)) + "\n"

@@ -25,12 +25,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-import structlog
-
 if TYPE_CHECKING:
     import torch
 
-log = structlog.get_logger("agentkv.local.prefix_cache")
 
 _ROOT = hashlib.sha256(b"agentkv-prefix-cache-v1").digest()
 

@@ -10,15 +10,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator, Protocol
 
-import structlog
-
+from agentkv.events import emit
 from agentkv.local import protocol
 from agentkv.local.engine import Delta, Generation, LocalEngine
 from agentkv.local.limits import check_length, error_body, resolve_max_tokens
 from agentkv.local.metrics import render_metrics
 from agentkv.local.protocol import ChatCall, ChatIds, RequestError
-
-log = structlog.get_logger("agentkv.local.server")
 
 
 class Served(Protocol):
@@ -72,8 +69,8 @@ def chat_completions(served: Served, body: Any) -> Reply:
     tokens = engine.encode_chat(call.chat)
     error = check_length(len(tokens), call.max_tokens, served.max_model_len, param=call.max_tokens_param)
     if error is not None:
-        log.info("local.request.rejected", model_id=served.model_id, prompt_tokens=len(tokens),
-                 max_tokens=call.max_tokens, max_model_len=served.max_model_len)
+        emit("local.request.rejected", model_id=served.model_id, prompt_tokens=len(tokens),
+             max_tokens=call.max_tokens, max_model_len=served.max_model_len)
         return Reply(status=400, body=error.body())
     max_tokens = resolve_max_tokens(len(tokens), call.max_tokens, served.max_model_len)
     stream = engine.stream(tokens, max_tokens, cache_salt=call.cache_salt, temperature=call.temperature,
@@ -186,5 +183,5 @@ def handle(served: Served, method: str, path: str, raw: bytes) -> Reply:
     except RequestError as exc:
         return Reply(status=exc.status, body=exc.body)
     except Exception as exc:  # a bug or an engine failure: answer 500 instead of dropping the connection
-        log.exception("local.request.failed", path=path, error=type(exc).__name__)
+        emit("local.request.failed", level="exception", path=path, error=type(exc).__name__)
         return Reply(status=500, body=error_body(str(exc), type="InternalServerError", code=500))

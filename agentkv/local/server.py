@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-import structlog
-
+from agentkv.events import emit
 from agentkv.local import routes
 from agentkv.local.engine import LocalEngine
-
-log = structlog.get_logger("agentkv.local.server")
 
 
 class LoggedRequest(NamedTuple):
@@ -85,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("local.http", line=format % args)
+        """No access log: requests are in :attr:`LocalServer.requests` and completions are events."""
 
     def _dispatch(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -117,9 +114,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
-            log.info("local.stream.disconnected")
+            emit("local.stream.disconnected")
         except Exception:  # headers are sent: the only way left to report failure is to drop the connection
-            log.exception("local.stream.failed")
+            emit("local.stream.failed", level="exception")
             self.close_connection = True
         finally:
             reply.events.close()
@@ -197,7 +194,7 @@ class LocalServer:
         if value < 1:
             raise ValueError("max_model_len must be positive")
         self.engine.max_model_len = int(value)
-        log.info("local.server.window_changed", model_id=self.model_id, max_model_len=int(value))
+        emit("local.server.window_changed", model_id=self.model_id, max_model_len=int(value))
 
     def backend(self, *, declare_window: bool = False, **overrides: Any) -> Any:
         """An :class:`agentkv.Backend` addressing this server, with the engine's tokenizer and template.
@@ -244,8 +241,8 @@ class LocalServer:
             self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                             name=f"agentkv-serve-{self.port}", daemon=True)
             self._thread.start()
-            log.info("local.server.started", model_id=self.model_id, base_url=self.base_url,
-                     max_model_len=self.max_model_len)
+            emit("local.server.started", model_id=self.model_id, base_url=self.base_url,
+                 max_model_len=self.max_model_len)
         return self
 
     def stop(self) -> None:
@@ -256,7 +253,7 @@ class LocalServer:
             self._thread = None
         self._httpd.close_connections()
         self._httpd.server_close()
-        log.info("local.server.stopped", model_id=self.model_id, port=self.port)
+        emit("local.server.stopped", model_id=self.model_id, port=self.port)
 
     def __enter__(self) -> LocalServer:
         return self.start()
