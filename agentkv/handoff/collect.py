@@ -140,7 +140,7 @@ def prefill_cache(model: Any, tokens: torch.Tensor) -> KVCache:
     """Run ``model`` over tokens [batch, seq] and wrap its cache (positions ``0..seq-1``)."""
     from agentkv.handoff.models import model_device, output_cache, signature_of
 
-    out = model(tokens.to(model_device(model)), use_cache=True)
+    out = model(tokens.to(model_device(model)), use_cache=True, logits_to_keep=1)  # skip the LM head
     return KVCache.from_dynamic_cache(output_cache(out), signature_of(model))
 
 

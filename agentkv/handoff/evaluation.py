@@ -182,7 +182,7 @@ def summarise(totals: _Totals, decode_tokens: int) -> Evaluation:
         attention_cosine_per_layer=tuple(float(c) for c in per_layer),
         attention_cosine=float(per_layer.mean()),
         greedy_agreement=totals.agree / steps,
-        mean_kl=totals.kl_sum / steps,
+        mean_kl=max(0.0, totals.kl_sum / steps),  # KL >= 0; float noise can dip below
         tokens=totals.tokens,
         decode_tokens=decode_tokens,
     )

@@ -13,16 +13,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.collect import flatten_layers, unflatten_rows
+from agentkv.handoff.collect import unflatten_rows
 from agentkv.handoff.errors import MapperFileError
 from agentkv.handoff.protocol import check_source
 from agentkv.handoff.registry import MANIFEST, read_manifest
-from agentkv.handoff.rope import RopeTable
+from agentkv.handoff.rope import RopeTable, apply_rope, inverse_cos_sin
 from agentkv.handoff.signature import SignaturePair
 
 WEIGHTS = "weights.safetensors"
@@ -84,18 +84,32 @@ class MapGeometry:
         )
 
 
-def source_rows(cache: KVCache, geometry: MapGeometry, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """All source layers as rows, keys stripped if the geometry says so: kind -> [layers, batch*seq, heads*dim]."""
-    keys = cache.keys
+def token_major(layers: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Per-layer tensors as token rows. layers[i]: [batch, heads, seq, head_dim] -> [batch*seq, layers, heads*head_dim]."""
+    stacked = torch.stack(tuple(layers))  # (L, B, H, T, D)
+    n_layers, batch, heads, seq, dim = stacked.shape
+    return stacked.permute(1, 3, 0, 2, 4).reshape(batch * seq, n_layers, heads * dim).to(dtype)  # -> (B*T, L, H*D)
+
+
+def source_rows(cache: KVCache, geometry: MapGeometry) -> dict[str, torch.Tensor]:
+    """All source layers as token rows, keys stripped if the geometry says so: kind -> [batch*seq, layers, heads*dim]."""
+    dtype = cache.keys[0].dtype
+    keys: Sequence[torch.Tensor] = cache.keys
     if geometry.strip_rope:
-        keys = tuple(geometry.source_rope.strip(k.float(), cache.positions) for k in keys)
-    return {"keys": flatten_layers(keys).to(dtype), "values": flatten_layers(cache.values).to(dtype)}
+        cos, sin = inverse_cos_sin(*geometry.source_rope.cos_sin(cache.positions))  # computed once
+        keys = [apply_rope(k.float(), cos, sin) for k in keys]
+    return {"keys": token_major(keys, dtype), "values": token_major(cache.values, dtype)}
+
+
+def select_features(rows: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+    """The selected layers' heads side by side per token. rows: [n, layers, width] -> [n, k * width]."""
+    picked = rows.index_select(1, torch.tensor(layers, device=rows.device))  # (N, L, W) -> (N, k, W)
+    return picked.reshape(picked.shape[0], -1)  # (N, k, W) -> (N, k*W), a view
 
 
 def gather_features(rows: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
-    """Concatenate the selected layers' heads per token. rows: [layers, n, width] -> [n, k * width]."""
-    index = torch.tensor(layers, device=rows.device)
-    picked = rows.index_select(0, index)  # (L, N, W) -> (k, N, W)
+    """Same features from layer-major calibration rows. rows: [layers, n, width] -> [n, k * width]."""
+    picked = rows.index_select(0, torch.tensor(layers, device=rows.device))  # (L, N, W) -> (k, N, W)
     return picked.permute(1, 0, 2).reshape(picked.shape[1], -1)  # (k, N, W) -> (N, k*W)
 
 
@@ -110,15 +124,16 @@ def map_cache(
     """
     check_source(geometry.pair, cache)
     positions = cache.positions if target_positions is None else target_positions.to(cache.positions.device)
-    dtype, batch, heads = cache.keys[0].dtype, cache.batch, geometry.pair.target.kv_heads
-    rows = source_rows(cache, geometry, dtype)
+    batch, heads = cache.batch, geometry.pair.target.kv_heads
+    rows = source_rows(cache, geometry)
     out: dict[str, list[torch.Tensor]] = {kind: [] for kind in KINDS}
     for layer, chosen in enumerate(geometry.selected):
         for kind in KINDS:
-            y = transform(layer, kind, gather_features(rows[kind], chosen))  # (B*T, H*D)
+            y = transform(layer, kind, select_features(rows[kind], chosen))  # (B*T, H*D)
             out[kind].append(unflatten_rows(y, batch, heads))  # -> (B, H, T, D)
     if geometry.strip_rope:
-        out["keys"] = [geometry.target_rope.apply(k, positions) for k in out["keys"]]
+        cos, sin = geometry.target_rope.cos_sin(positions)
+        out["keys"] = [apply_rope(k.float(), cos, sin).to(k.dtype) for k in out["keys"]]
     return KVCache(tuple(out["keys"]), tuple(out["values"]), positions, geometry.pair.target)
 
 

@@ -35,13 +35,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def inverse_cos_sin(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the inverse rotation, the attention scaling divided out: ``apply_rope`` with these strips.
+
+    cos, sin: [batch, seq, head_dim] -> two [batch, seq, head_dim]
+    """
+    norm = cos * cos + sin * sin  # attention_scaling² at every position
+    return cos / norm, -sin / norm
+
+
 def strip_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Undo :func:`apply_rope`: rotate back and divide out the attention scaling (``cos² + sin²``).
+    """Undo :func:`apply_rope`: rotate back and divide out the attention scaling.
 
     x: [batch, heads, seq, head_dim]; cos, sin: [batch, seq, head_dim] -> [batch, heads, seq, head_dim]
     """
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (x * cos - rotate_half(x) * sin) / (cos * cos + sin * sin)
+    return apply_rope(x, *inverse_cos_sin(cos, sin))
 
 
 def rotary_module(model: Any) -> Any:

@@ -2,7 +2,6 @@
 
     source = tiny_qwen3(seed=0)
     target = depth_upscaled(source, order=(0, 1, 2, 1, 2, 3))     # a related, deeper model
-    engine = PrefillEngine(source)                                # cached_prefix_kv / install_prefix_kv
 """
 
 from __future__ import annotations
@@ -79,37 +78,3 @@ def random_sequences(count: int, length: int, vocab: int = 256, seed: int = 0) -
     """``count`` token sequences of ``length`` uniform ids: each [length] int64."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (length,), generator=gen) for _ in range(count)]
-
-
-class PrefillEngine:
-    """An engine stand-in with a whole-prefix cache: what :func:`handoff_prefix` needs and nothing more.
-
-    ``cached_prefix_kv`` prefills the tokens (as if they had been served) and returns their KV, rounded
-    down to ``block_size``; ``install_prefix_kv`` records installed KV per ``(tokens, salt)``.
-    """
-
-    def __init__(self, model: Any, block_size: int = 16) -> None:
-        self.model = model
-        self.block_size = block_size
-        self.installed: dict[tuple[tuple[int, ...], str | None], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-
-    @torch.no_grad()
-    def cached_prefix_kv(
-        self, token_ids: Sequence[int], cache_salt: str | None = None
-    ) -> tuple[int, list[torch.Tensor], list[torch.Tensor]]:
-        """KV of the longest block-aligned prefix: per layer [1, kv_heads, n, head_dim]."""
-        from agentkv.handoff.collect import prefill_cache
-
-        n = (len(token_ids) // self.block_size) * self.block_size
-        if n == 0:
-            return 0, [], []
-        cache = prefill_cache(self.model, torch.tensor([list(token_ids[:n])]))
-        return n, list(cache.keys), list(cache.values)
-
-    def install_prefix_kv(
-        self, token_ids: Sequence[int], keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-        cache_salt: str | None = None,
-    ) -> int:
-        """Keep the KV under the token prefix and salt; returns how many tokens it covers."""
-        self.installed[(tuple(token_ids), cache_salt)] = (list(keys), list(values))
-        return len(token_ids)
