@@ -26,7 +26,7 @@ from agentkv.overflow import overflow_from_error
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, Target, decide_route, plan_recovery
-from agentkv.session_parts import Attempt, request_kwargs, response_cached_tokens, warm_kwargs
+from agentkv.session_parts import Attempt, StreamWatcher, response_cached_tokens, warm_kwargs
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
@@ -61,7 +61,6 @@ class Session:
         cache_salt: str | None = None,
         cache_salt_secret: str | None = None,
         client: Any = None,
-        clock: Callable[[], float] = time.monotonic,
         count_with_server: bool = True,
         handoff: Any = None,
     ) -> None:
@@ -75,7 +74,6 @@ class Session:
         self._in_flight = in_flight or default_in_flight()
         self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
         self._client = client
-        self._clock = clock
         self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server) for b in (fast, slow) if b}
         self.handoff = handoff
         self._stats = SessionStats()
@@ -274,16 +272,22 @@ class Session:
                                 ("reactive_clamp", "reactive_clamps"), ("reactive_escalate", "reactive_escalations")):
             if decision.reason == reason:
                 self._stats.add(counter)
-        cached = response_cached_tokens(response)
-        self._stats.add("cached_tokens_total", cached or 0)
-        if decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate"):
-            self._record_escalation(attempt, cached)
         count = attempt.count
-        self.ledger.append(LedgerEntry(
-            len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source, count.exact,
-            decision.backend, decision.reason, attempt.warm, cached,
-        ))
+        entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
+                            count.exact, decision.backend, decision.reason, attempt.warm)
+        self.ledger.append(entry)
+        if attempt.kwargs.get("stream"):
+            return StreamWatcher(response, lambda cached: self._record_cached(attempt, entry, cached))
+        self._record_cached(attempt, entry, response_cached_tokens(response))
         return response
+
+    def _record_cached(self, attempt: Attempt, entry: LedgerEntry, cached: int | None) -> None:
+        self._stats.add("cached_tokens_total", cached or 0)
+        index = entry.turn - 1
+        if index < len(self.ledger) and self.ledger[index] is entry:
+            self.ledger[index] = replace(entry, cached_tokens=cached)
+        if attempt.decision.role == "slow" and attempt.decision.reason in ("proactive", "reactive_escalate"):
+            self._record_escalation(attempt, cached)
 
     def _record_escalation(self, attempt: Attempt, cached: int | None) -> None:
         self._stats.add("escalations")

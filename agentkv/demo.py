@@ -1,0 +1,195 @@
+"""``agentkv demo``: a scripted ReAct agent on two embedded servers, warm-ahead against cold.
+
+Two vLLM-compatible servers start on free loopback ports: fast (small model, 2048-token window) and
+slow (larger model, 16384-token window). A scripted agent's conversation grows turn by turn through
+``Session`` -> litellm -> HTTP. The run is made twice: with warm-ahead, and cold (warm-ahead off and
+another tenant's ``cache_salt``, so the slow server has nothing of the first run to hit). The headline
+compares the escalated turn's time to first token in the two runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HONESTY = ("The embedded models have random weights: their text is meaningless. The timings, token counts, "
+           "routing and prefix-cache hits are real: every request goes Session -> litellm -> HTTP -> a torch model.")
+
+
+@dataclass
+class TurnRow:
+    """One turn of a demo run, as the table and the plot show it."""
+
+    turn: int
+    input_tokens: int
+    tools_share: float
+    window_share: float
+    backend: str
+    reason: str
+    warm: str
+    ttft_s: float
+    cached_tokens: int | None
+
+
+@dataclass
+class DemoRun:
+    label: str
+    rows: list[TurnRow] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def escalation(self) -> TurnRow | None:
+        return next((r for r in self.rows if r.reason in ("proactive", "reactive_escalate")), None)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Sizes and pacing of a demo run."""
+
+    fast_size: str = "small"
+    slow_size: str = "large"
+    fast_window: int = 2048
+    slow_window: int = 16384
+    tools: int = 14
+    turns_after_escalation: int = 2
+    max_turns: int = 12
+    tool_latency_s: float = 0.3
+    think_time_s: float = 150.0
+    max_tokens: int = 16
+
+    @classmethod
+    def quick(cls) -> "DemoConfig":
+        return cls(fast_size="tiny", slow_size="tiny", turns_after_escalation=1, tool_latency_s=0.05, max_tokens=4)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="tiny models and fewer turns (for tests)")
+    parser.add_argument("--out", default="agentkv-demo.png", help="where to write the plot (PNG)")
+    parser.add_argument("--tools", type=int, default=None, help="how many tool schemas the agent carries")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = DemoConfig.quick() if args.quick else DemoConfig()
+    if args.tools:
+        config = DemoConfig(**{**config.__dict__, "tools": args.tools})
+    _quiet_logs()
+    from rich.console import Console
+
+    from agentkv.demo_report import headline, plot, table
+
+    console = Console()
+    console.print(f"[bold]agentkv demo[/bold] — {HONESTY}")
+    console.print(f"Pacing: {config.tool_latency_s}s of tool time per turn, plus {config.think_time_s:.0f}s of user think "
+                  "time told to the warm-ahead cooldown clock (5 min per session) instead of slept.")
+    warm_run, cold_run = run_both(config, console)
+    console.print(table(warm_run, config))
+    console.print(table(cold_run, config))
+    console.print(headline(warm_run, cold_run))
+    path = plot(warm_run, cold_run, config, Path(args.out))
+    console.print(f"plot written to {path}")
+    return 0
+
+
+def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]:
+    """Start both servers, run the conversation warm then cold, stop the servers."""
+    from agentkv.local.server import LocalServer
+
+    say = console.print if console else (lambda *_: None)
+    say(f"starting fast ({config.fast_size}, window {config.fast_window}) and slow ({config.slow_size}, "
+        f"window {config.slow_window}) servers on 127.0.0.1 ...")
+    fast = LocalServer.from_size(config.fast_size, window=config.fast_window, model_id=f"agentkv-{config.fast_size}-fast")
+    slow = LocalServer.from_size(config.slow_size, window=config.slow_window, model_id=f"agentkv-{config.slow_size}-slow",
+                                 seed=1)
+    with fast, slow:
+        _warm_up_kernels(fast, slow)
+        say("run 1: warm-ahead on")
+        warm = _run(config, fast, slow, "warm-ahead", tenant="demo-warm", warm=True)
+        say("run 2: cold (warm-ahead off, another tenant's salt)")
+        cold = _run(config, fast, slow, "cold", tenant="demo-cold", warm=False)
+    return warm, cold
+
+
+def _backends(fast: Any, slow: Any) -> tuple[Any, Any]:
+    from agentkv import Backend
+
+    return (Backend(f"hosted_vllm/{fast.model_id}", api_base=fast.api_base, name="fast"),
+            Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow"))
+
+
+def _warm_up_kernels(fast: Any, slow: Any) -> None:
+    """One unrelated request per server, so first-call costs (imports, kernels) stay out of the table."""
+    from agentkv._env import import_litellm
+
+    litellm = import_litellm()
+    litellm.suppress_debug_info = True
+    for server in (fast, slow):
+        litellm.completion(model=f"hosted_vllm/{server.model_id}", api_base=server.api_base, max_tokens=1,
+                           messages=[{"role": "user", "content": "kernel warm-up, unrelated to the demo"}],
+                           extra_body={"cache_salt": "warm-up"})
+
+
+def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool) -> DemoRun:
+    from agentkv import Session
+    from agentkv.scripted import TOOLS, ScriptedAgent
+    from agentkv.testing import FakeClock
+    from agentkv.warm import CooldownMap
+
+    previous = os.environ.get("AGENTKV_WARM_AHEAD")
+    os.environ["AGENTKV_WARM_AHEAD"] = "1" if warm else "0"
+    agent, tools, result = ScriptedAgent(result_rows=1), TOOLS[: config.tools], DemoRun(label)
+    messages = agent.opening()
+    try:
+        clock = FakeClock()
+        with Session(*_backends(fast, slow), tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
+                     cooldowns=CooldownMap(timer=clock)) as session:
+            after = 0
+            for _ in range(config.max_turns):
+                result.rows.append(_turn(session, messages, tools, config))
+                after += session.last_route.role == "slow"
+                if after > config.turns_after_escalation:
+                    break
+                time.sleep(config.tool_latency_s)  # the agent runs its tool
+                session.drain_warms(120)  # a warm fired this turn completes during the user's think time ...
+                clock.advance(config.think_time_s)  # ... which the cooldown clock is told about
+                messages = messages + agent.next_turn()
+            result.stats = session.stats()
+    finally:
+        _restore("AGENTKV_WARM_AHEAD", previous)
+    return result
+
+
+def _turn(session: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], config: DemoConfig) -> TurnRow:
+    start = time.perf_counter()
+    ttft = None
+    stream = session.completion(messages=messages, tools=tools, max_tokens=config.max_tokens, stream=True,
+                                stream_options={"include_usage": True})
+    for chunk in stream:
+        if ttft is None and _carries_output(chunk):
+            ttft = time.perf_counter() - start
+    entry, decision = session.ledger[-1], session.last_route
+    return TurnRow(entry.turn, entry.input_tokens, entry.tools_share, entry.input_tokens / config.fast_window,
+                   decision.backend, decision.reason, entry.warm, ttft or 0.0, entry.cached_tokens)
+
+
+def _carries_output(chunk: Any) -> bool:
+    """A chunk with generated text or a finish reason: the first one marks time to first token."""
+    choices = getattr(chunk, "choices", None) or []
+    return any(getattr(c.delta, "content", None) or getattr(c, "finish_reason", None) for c in choices)
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _quiet_logs() -> None:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
