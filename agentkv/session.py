@@ -26,7 +26,7 @@ from agentkv.overflow import overflow_from_error
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, Target, decide_route, plan_recovery
-from agentkv.session_parts import Attempt, StreamWatcher, response_cached_tokens, warm_kwargs
+from agentkv.session_parts import Attempt, Observation, StreamWatcher, response_cached_tokens, warm_kwargs
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
@@ -146,6 +146,63 @@ class Session:
                 attempt = self._recover(attempt, error, await self._aexact_prompt(attempt))
                 continue
             return self._finish(attempt, response)
+
+    def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
+        """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""
+        from agentkv.react import run_loop
+
+        return run_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
+
+    async def arun(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
+        """The async twin of :meth:`run` (see :func:`agentkv.react.arun_loop`)."""
+        from agentkv.react import arun_loop
+
+        return await arun_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
+
+    def observe(self, **kwargs: Any) -> Observation:
+        """Account a request sent outside the Session (a LangChain callback, a litellm logger).
+
+        The request is counted and recorded in the ledger, and warm-ahead fires when due; nothing else
+        is sent. The returned :class:`Observation` says whether fast can take the request as it is.
+        """
+        payload = self._open_request(kwargs)
+        for backend in self._backends():
+            self.discovery.window(backend)
+        return self._observed(kwargs, payload, self.counters[self.fast.label].count(payload), self._fire_sync)
+
+    async def aobserve(self, **kwargs: Any) -> Observation:
+        """The async twin of :meth:`observe` (warms run as tasks)."""
+        payload = self._open_request(kwargs)
+        for backend in self._backends():
+            await self.discovery.aprefetch(backend)
+        count = await self.counters[self.fast.label].acount(payload)
+        return self._observed(kwargs, payload, count, self._fire_async)
+
+    def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
+        """Attach a response's cached-token count to an observed ledger turn."""
+        index = turn - 1
+        if not 0 <= index < len(self.ledger):
+            raise ValueError(f"no ledger turn {turn}; the ledger has {len(self.ledger)} turns")
+        self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
+        self._stats.add("cached_tokens_total", cached_tokens or 0)
+
+    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount,
+                  fire: Callable[[dict[str, Any]], None]) -> Observation:
+        fast, slow = self._targets()
+        try:
+            decision: RouteDecision | None = decide_route(
+                route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
+                fast=fast, slow=slow, policy=self.routing, count_source=count.source)
+        except ContextOverflowError:
+            decision = None
+        as_sent = RouteDecision(fast.name, "fast", "fits", count.total, fast.window, _max_tokens(kwargs), count.source)
+        attempt = Attempt(as_sent, self.fast, kwargs, payload, count, self.cache_salt)
+        self._maybe_warm(attempt, kwargs, fire)
+        self._stats.add("observed_requests")
+        entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
+                            count.exact, self.fast.label, "observed", attempt.warm)
+        self.ledger.append(entry)
+        return Observation(entry.turn, count, decision, fast.window, attempt.warm)
 
     def stats(self) -> dict[str, Any]:
         """Plain dict of counters: requests per backend, routes, clamps, fallbacks, warms, cached tokens."""

@@ -40,6 +40,22 @@ class Attempt:
         return request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens)
 
 
+@dataclass(frozen=True)
+class Observation:
+    """A request accounted by :meth:`Session.observe`: its ledger turn, its count, and the route agentkv
+    would have chosen (``fits`` is False when the fast backend cannot take it as it is)."""
+
+    turn: int
+    count: TokenCount
+    decision: RouteDecision | None
+    window: int | None
+    warm: str
+
+    @property
+    def fits(self) -> bool:
+        return self.decision is not None and self.decision.reason == "fits"
+
+
 def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None) -> dict[str, Any]:
     """The caller's kwargs addressed to ``backend``: copies, never the caller's own objects.
 
