@@ -22,7 +22,8 @@ def run(command: str, *argv: str) -> int:
 def corpus(tmp_path_factory) -> str:
     """A small locally generated text corpus."""
     rng = random.Random(0)
-    words = "agent tool call cache prefix token layer head value key model fast slow result error".split()
+    words = ["agent", "tool", "call", "cache", "prefix", "token", "layer", "head", "value", "key", "model",
+             "fast", "slow", "result", "error"]
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(120)))
     return str(path)

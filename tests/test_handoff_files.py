@@ -40,7 +40,7 @@ def test_save_load_round_trip_is_bit_exact(tmp_path, pair, mapper) -> None:
     assert loaded.geometry.target_rope.equals(mapper.geometry.target_rope)
     assert loaded.attention_cosine == mapper.attention_cosine
     cache = prefill_cache(pair[0], random_sequences(1, 40, seed=3)[0].unsqueeze(0))
-    for a, b in zip(loaded.map(cache).keys, mapper.map(cache).keys):
+    for a, b in zip(loaded.map(cache).keys, mapper.map(cache).keys, strict=True):
         assert torch.equal(a, b)
 
 

@@ -37,11 +37,12 @@ def greedy(model, cache, last: torch.Tensor, steps: int) -> list[int]:
 def test_captured_queries_reproduce_the_models_attention(source) -> None:
     """Hooked queries attending over the true cache give exactly what the model feeds its o_proj."""
     seen: list[torch.Tensor] = []
-    hooks = [a.o_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0])) for a in attention_modules(source)]
+    hooks = [a.o_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+             for a in attention_modules(source)]
     cache, queries = prefill_with_queries(source, SEQUENCES[0].unsqueeze(0))
     for hook in hooks:
         hook.remove()
-    for layer, (q, scale) in enumerate(zip(queries, attention_scales(source))):
+    for layer, (q, scale) in enumerate(zip(queries, attention_scales(source), strict=True)):
         ours = causal_attention(q, cache.keys[layer], cache.values[layer], scale)  # (B, Hq, T, D)
         theirs = seen[layer].reshape(1, 64, 4, 16).transpose(1, 2)  # (B, T, Hq*D) -> (B, Hq, T, D)
         assert torch.allclose(ours, theirs, atol=1e-5)

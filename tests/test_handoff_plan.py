@@ -24,9 +24,9 @@ from agentkv.handoff import (
     load_mapper,
     log_plan,
     register_mapper,
+    registry,
     unregister_mapper,
 )
-from agentkv.handoff import registry
 
 SRC = ModelSignature(4, 2, 16, 1e6, (("rope_type", "default"),), "src")
 TGT = ModelSignature(6, 2, 16, 1e6, (("rope_type", "default"),), "tgt")

@@ -64,7 +64,7 @@ class Planted:
 
 
 def relative_error(mapped: KVCache, true: KVCache) -> float:
-    num = sum(float((m - t).pow(2).sum()) for m, t in zip(mapped.keys, true.keys))
+    num = sum(float((m - t).pow(2).sum()) for m, t in zip(mapped.keys, true.keys, strict=True))
     return (num / sum(float(t.pow(2).sum()) for t in true.keys)) ** 0.5
 
 

@@ -51,9 +51,9 @@ _LAZY = {
 }
 
 __all__ = [
-    "CalibrationConfig",
     "DEFAULT_MIN_ATTENTION_COSINE",
     "ENTRY_POINT_GROUP",
+    "CalibrationConfig",
     "Evaluation",
     "HandoffError",
     "HandoffPlan",

@@ -119,14 +119,18 @@ def bench_lengths(
     device = model_device(target)
     rows = []
     for n in lengths:
-        cache = make_cache(n)
         tokens = torch.randint(0, vocab, (1, n), device=device)
-        mapper.map(cache.prefix(min(n, 16)))  # warm-up (weights cast and moved once)
-        map_ms = median_ms(lambda: mapper.map(cache), device, repeats)
-        prefill_ms = median_ms(lambda: reprefill(target, tokens), device, repeats)
-        rows.append(BenchRow(n, map_ms, prefill_ms))
-        del cache
+        rows.append(bench_one(mapper, target, make_cache(n), tokens, repeats))
     return rows
+
+
+def bench_one(mapper: Any, target: Any, cache: KVCache, tokens: torch.Tensor, repeats: int) -> BenchRow:
+    """Median map time of ``cache`` and median re-prefill of tokens [1, n] by the target."""
+    device = model_device(target)
+    mapper.map(cache.prefix(min(cache.seq_len, 16)))  # warm-up (weights cast and moved once)
+    map_ms = median_ms(lambda: mapper.map(cache), device, repeats)
+    prefill_ms = median_ms(lambda: reprefill(target, tokens), device, repeats)
+    return BenchRow(cache.seq_len, map_ms, prefill_ms)
 
 
 def bench_models(

@@ -95,7 +95,7 @@ class KVCache:
         """A transformers ``DynamicCache`` holding these tensors (not copies)."""
         from transformers import DynamicCache
 
-        return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values)), config=config)
+        return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values, strict=True)), config=config)
 
 
 def default_positions(keys: torch.Tensor) -> torch.Tensor:

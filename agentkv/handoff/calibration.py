@@ -83,7 +83,7 @@ def calibrate(
     from agentkv.handoff.evaluation import evaluate
 
     store = collect_from_models(source, target, sequences, heldout_fraction=config.heldout_fraction,
-                                strip=config.strip_rope, progress=progress)
+                                strip=config.strip_rope, dtype=getattr(torch, config.store_dtype), progress=progress)
     pair = SignaturePair(signature_of(source), signature_of(target))
     ropes = RopeTable.from_model(source), RopeTable.from_model(target)
     mapper = fit_store(store, pair, *ropes, backend=backend, config=config, progress=progress)

@@ -63,14 +63,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=["handoff"], help="which benchmark")
     parser.add_argument("--source", default="small", help="source SPEC (default small)")
     parser.add_argument("--target", default="large", help="target SPEC (default large)")
-    parser.add_argument("--lengths", default=None, help=f"comma-separated prompt lengths (default {DEFAULT_BENCH_LENGTHS})")
+    parser.add_argument("--lengths", default=None,
+                        help=f"comma-separated prompt lengths (default {DEFAULT_BENCH_LENGTHS})")
     parser.add_argument("--long", action="store_true", help=f"also {LONG_BENCH_LENGTHS} when memory allows")
     parser.add_argument("--mapper", help="time this calibrated mapper (default: random weights, real shapes)")
     parser.add_argument("--k", type=int, default=8, help="source layers per target layer of the random mapper")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per length (median)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--gpu", action="store_true",
-                        help=f"Qwen3-14B -> 32B shapes, random bf16 weights, on --device (default cuda), {GPU_BENCH_LENGTHS}")
+                        help="Qwen3-14B -> 32B shapes, random bf16 weights, on --device (default cuda), "
+                             f"lengths {GPU_BENCH_LENGTHS}")
 
 
 def tqdm_progress(items: Iterable[Any], label: str) -> Iterable[Any]:

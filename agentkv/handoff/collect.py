@@ -65,16 +65,23 @@ class ActivationStore:
 
 
 def flatten_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack per-layer tensors into rows. layers[i]: [batch, heads, seq, head_dim] -> [layers, batch*seq, heads*head_dim]."""
+    """Stack per-layer tensors into rows.
+
+    layers[i]: [batch, heads, seq, head_dim] -> [layers, batch*seq, heads*head_dim]
+    """
     stacked = torch.stack(tuple(layers))  # (L, B, H, T, D)
     n_layers, batch, heads, seq, dim = stacked.shape
     return stacked.permute(0, 1, 3, 2, 4).reshape(n_layers, batch * seq, heads * dim)  # -> (L, B*T, H*D)
 
 
 def unflatten_rows(rows: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """Inverse of one layer of :func:`flatten_layers`. rows: [batch*seq, heads*head_dim] -> [batch, heads, seq, head_dim]."""
+    """Inverse of one layer of :func:`flatten_layers`.
+
+    rows: [batch*seq, heads*head_dim] -> [batch, heads, seq, head_dim]
+    """
     total, width = rows.shape
-    return rows.reshape(batch, total // batch, heads, width // heads).permute(0, 2, 1, 3)  # (B, T, H, D) -> (B, H, T, D)
+    split = rows.reshape(batch, total // batch, heads, width // heads)  # (B*T, H*D) -> (B, T, H, D)
+    return split.permute(0, 2, 1, 3)  # (B, T, H, D) -> (B, H, T, D)
 
 
 def position_free_keys(cache: KVCache, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
@@ -86,7 +93,7 @@ def position_free_keys(cache: KVCache, cos_sin: tuple[torch.Tensor, torch.Tensor
 def flatten_cache(
     cache: KVCache, cos_sin: tuple[torch.Tensor, torch.Tensor] | None, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys (stripped when ``cos_sin`` is given) and values as rows: two [layers, batch*seq, heads*head_dim]."""
+    """Keys (stripped when ``cos_sin`` is given) and values as rows, each [layers, batch*seq, heads*head_dim]."""
     keys = position_free_keys(cache, cos_sin) if cos_sin is not None else [k.float() for k in cache.keys]
     return flatten_layers(keys).to("cpu", dtype), flatten_layers(cache.values).to("cpu", dtype)
 
@@ -101,14 +108,14 @@ def store_from_flat(
         raise ValueError("calibration needs at least one sequence")
     rows = [int(src[0].shape[1]) for src, _ in pairs]
     n_heldout_seqs = heldout_count(len(pairs), heldout_fraction)
-    if n_heldout_seqs:
-        n_train = sum(rows[: len(pairs) - n_heldout_seqs])
-    else:
-        n_train = int(rows[0] * (1.0 - heldout_fraction))
+    # whole trailing sequences are held out, or with one sequence its token tail
+    n_train = sum(rows[: len(pairs) - n_heldout_seqs]) if n_heldout_seqs else int(rows[0] * (1 - heldout_fraction))
     if not 0 < n_train < sum(rows):
         raise ValueError(f"heldout_fraction={heldout_fraction} leaves no train or no held-out rows")
     # side 0/1 = source/target, kind 0/1 = keys/values; rows concatenate along dim 1
-    src_k, src_v, tgt_k, tgt_v = (torch.cat([p[side][kind] for p in pairs], dim=1) for side in (0, 1) for kind in (0, 1))
+    src_k, src_v, tgt_k, tgt_v = (
+        torch.cat([p[side][kind] for p in pairs], dim=1) for side in (0, 1) for kind in (0, 1)
+    )
     return ActivationStore(src_k, src_v, tgt_k, tgt_v, n_train, strip)
 
 

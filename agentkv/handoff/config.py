@@ -36,6 +36,8 @@ class CalibrationConfig:
     - ``strip_rope``: fit in position-free space (keep True; False exists to show why).
     - ``chunk_rows``: token rows per streamed float64 update.
     - ``eval_decode_tokens``: greedy tokens decoded when evaluating after calibration.
+    - ``store_dtype``: dtype the collected activations are kept in (``"bfloat16"`` halves memory at
+      paper scale; the statistics are accumulated in float64 either way).
     """
 
     k: int = 8
@@ -44,4 +46,5 @@ class CalibrationConfig:
     strip_rope: bool = True
     chunk_rows: int = 4096
     eval_decode_tokens: int = 8
+    store_dtype: str = "float32"
     mlp: MLPConfig = field(default_factory=MLPConfig)

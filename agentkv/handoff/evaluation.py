@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from agentkv.handoff.cache import KVCache
 from agentkv.handoff.collect import Progress, flatten_layers, no_progress, prefill_cache
 from agentkv.handoff.linalg import R2Accumulator
-from agentkv.handoff.models import attention_modules, forward_with_cache, model_device, output_cache, signature_of
+from agentkv.handoff.models import attention_modules, forward_with_cache, model_device, signature_of
 from agentkv.handoff.protocol import KVMapper
 from agentkv.handoff.rope import apply_rope, model_cos_sin
 
@@ -100,7 +100,10 @@ def captured_queries(model: Any) -> Iterator[list[torch.Tensor]]:
 
 @torch.no_grad()
 def prefill_with_queries(model: Any, tokens: torch.Tensor) -> tuple[KVCache, list[torch.Tensor]]:
-    """The model's cache over tokens [batch, seq] and its post-RoPE queries, one [batch, q_heads, seq, head_dim] per layer."""
+    """The model's cache over tokens [batch, seq] and its post-RoPE queries.
+
+    -> (cache, queries) with queries[i]: [batch, q_heads, seq, head_dim] for layer ``i``.
+    """
     with captured_queries(model) as raw:
         cache = prefill_cache(model, tokens)
     cos, sin = model_cos_sin(model, cache.positions)
@@ -124,7 +127,7 @@ def add_attention_figures(
     totals: _Totals, queries: list[torch.Tensor], scales: list[float], true: KVCache, mapped: KVCache
 ) -> None:
     """Sum of per-(batch, head, token) cosines between attention over true and over mapped KV."""
-    for layer, (q, scale) in enumerate(zip(queries, scales)):
+    for layer, (q, scale) in enumerate(zip(queries, scales, strict=True)):
         out_true = causal_attention(q, true.keys[layer], true.values[layer], scale)
         out_mapped = causal_attention(q, mapped.keys[layer].to(q.device), mapped.values[layer].to(q.device), scale)
         cos = F.cosine_similarity(out_true, out_mapped, dim=-1)  # (B, Hq, T)
@@ -133,7 +136,9 @@ def add_attention_figures(
 
 
 @torch.no_grad()
-def add_decode_figures(totals: _Totals, model: Any, true: KVCache, mapped: KVCache, last: torch.Tensor, steps: int) -> None:
+def add_decode_figures(
+    totals: _Totals, model: Any, true: KVCache, mapped: KVCache, last: torch.Tensor, steps: int
+) -> None:
     """Teacher-forced greedy decode from both caches: argmax agreement and KL(true || mapped) per step."""
     caches = (true.to_dynamic_cache(), mapped.to(dtype=true.keys[0].dtype).to_dynamic_cache())
     token = last
@@ -155,7 +160,11 @@ def evaluate(
     decode_tokens: int = 8,
     progress: Progress = no_progress,
 ) -> Evaluation:
-    """Map each sequence's source cache and compare it with the target's own. tokens: sequences of [seq] or [batch, seq]."""
+    """Map each sequence's source cache and compare it with the target's own.
+
+    tokens: sequences of [seq] or [batch, seq] (or one [batch, seq] tensor); the last token of each is
+    not cached but fed to the decode.
+    """
     sequences = [tokens] if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 else list(tokens)
     totals = _Totals(signature_of(target_model).num_layers)
     scales = attention_scales(target_model)

@@ -85,14 +85,20 @@ class MapGeometry:
 
 
 def token_major(layers: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """Per-layer tensors as token rows. layers[i]: [batch, heads, seq, head_dim] -> [batch*seq, layers, heads*head_dim]."""
+    """Per-layer tensors as token rows.
+
+    layers[i]: [batch, heads, seq, head_dim] -> [batch*seq, layers, heads*head_dim]
+    """
     stacked = torch.stack(tuple(layers))  # (L, B, H, T, D)
     n_layers, batch, heads, seq, dim = stacked.shape
     return stacked.permute(1, 3, 0, 2, 4).reshape(batch * seq, n_layers, heads * dim).to(dtype)  # -> (B*T, L, H*D)
 
 
 def source_rows(cache: KVCache, geometry: MapGeometry) -> dict[str, torch.Tensor]:
-    """All source layers as token rows, keys stripped if the geometry says so: kind -> [batch*seq, layers, heads*dim]."""
+    """All source layers as token rows (keys stripped if the geometry says so).
+
+    -> kind -> [batch*seq, layers, heads*head_dim]
+    """
     dtype = cache.keys[0].dtype
     keys: Sequence[torch.Tensor] = cache.keys
     if geometry.strip_rope:
