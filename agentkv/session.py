@@ -12,11 +12,9 @@ context overflow plan a recovery (:func:`agentkv.routing.plan_recovery`).
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from agentkv import _env
 from agentkv.backends import Backend, WindowDiscovery, catalog_window, default_discovery
@@ -30,8 +28,8 @@ from agentkv.session_parts import Attempt, Observation, StreamWatcher, response_
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
-from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, decide_warm, default_cooldowns, default_in_flight
-from agentkv.warm_runner import AsyncWarms, default_pool
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, default_cooldowns, default_in_flight
+from agentkv.warm_ahead import WarmAhead
 
 
 class Session:
@@ -70,8 +68,6 @@ class Session:
         self.session_id = session_id or str(uuid.uuid4())
         self.routing, self.warm_ahead, self.retry = routing, warm_ahead, retry
         self.discovery = discovery or default_discovery()
-        self._cooldowns = (cooldowns or default_cooldowns()).for_tenant(tenant)
-        self._in_flight = in_flight or default_in_flight()
         self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
         self._client = client
         self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server) for b in (fast, slow) if b}
@@ -80,9 +76,9 @@ class Session:
         self.ledger: list[LedgerEntry] = []
         self.last_route: RouteDecision | None = None
         self._history: list[Payload] = []
-        self._warmed: Payload | None = None
-        self._async_warms = AsyncWarms()
-        self._sync_warms: list[threading.Event] = []
+        self._warm = WarmAhead(warm_ahead, (cooldowns or default_cooldowns()).for_tenant(tenant),
+                               in_flight or default_in_flight(), self._stats, lambda: self.client,
+                               session_id=self.session_id, tenant=tenant)
         self.closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -104,7 +100,7 @@ class Session:
 
     async def aclose(self) -> None:
         """Async close: cancels this Session's in-flight warm tasks."""
-        self._async_warms.cancel_all()
+        self._warm.cancel_tasks()
         self.close()
 
     # ----------------------------------------------------------------- public API
@@ -121,7 +117,7 @@ class Session:
         for backend in self._backends():
             self.discovery.window(backend)
         attempt = self._plan(kwargs, payload, self.counters[self.fast.label].count(payload))
-        self._maybe_warm(attempt, kwargs, self._fire_sync)
+        self._maybe_warm(attempt, kwargs, asynchronous=False)
         while True:
             call = attempt.call_kwargs
             try:
@@ -137,7 +133,7 @@ class Session:
         for backend in self._backends():
             await self.discovery.aprefetch(backend)
         attempt = self._plan(kwargs, payload, await self.counters[self.fast.label].acount(payload))
-        self._maybe_warm(attempt, kwargs, self._fire_async)
+        self._maybe_warm(attempt, kwargs, asynchronous=True)
         while True:
             call = attempt.call_kwargs
             try:
@@ -168,7 +164,7 @@ class Session:
         payload = self._open_request(kwargs)
         for backend in self._backends():
             self.discovery.window(backend)
-        return self._observed(kwargs, payload, self.counters[self.fast.label].count(payload), self._fire_sync)
+        return self._observed(kwargs, payload, self.counters[self.fast.label].count(payload), asynchronous=False)
 
     async def aobserve(self, **kwargs: Any) -> Observation:
         """The async twin of :meth:`observe` (warms run as tasks)."""
@@ -176,7 +172,7 @@ class Session:
         for backend in self._backends():
             await self.discovery.aprefetch(backend)
         count = await self.counters[self.fast.label].acount(payload)
-        return self._observed(kwargs, payload, count, self._fire_async)
+        return self._observed(kwargs, payload, count, asynchronous=True)
 
     def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
         """Attach a response's cached-token count to an observed ledger turn."""
@@ -186,8 +182,8 @@ class Session:
         self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
         self._stats.add("cached_tokens_total", cached_tokens or 0)
 
-    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount,
-                  fire: Callable[[dict[str, Any]], None]) -> Observation:
+    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, *,
+                  asynchronous: bool) -> Observation:
         fast, slow = self._targets()
         try:
             decision: RouteDecision | None = decide_route(
@@ -197,7 +193,7 @@ class Session:
             decision = None
         as_sent = RouteDecision(fast.name, "fast", "fits", count.total, fast.window, _max_tokens(kwargs), count.source)
         attempt = Attempt(as_sent, self.fast, kwargs, payload, count, self.cache_salt)
-        self._maybe_warm(attempt, kwargs, fire)
+        self._maybe_warm(attempt, kwargs, asynchronous)
         self._stats.add("observed_requests")
         entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
                             count.exact, self.fast.label, "observed", attempt.warm)
@@ -349,10 +345,10 @@ class Session:
     def _record_escalation(self, attempt: Attempt, cached: int | None) -> None:
         self._stats.add("escalations")
         self._stats.add("cached_tokens_on_escalation", cached or 0)
-        if self._warmed is None:
+        if self._warm.warmed is None:
             return
         self._stats.add("escalations_after_warm")
-        report = self._report(self._warmed, attempt.payload, counter_label=attempt.backend.label)
+        report = self._report(self._warm.warmed, attempt.payload, counter_label=attempt.backend.label)
         if not report.intact:
             self._stats.add("warm_prefix_broken")
             emit("warm_prefix_broken", level="warning", reason=report.reason, reusable_tokens=report.reusable_tokens,
@@ -366,85 +362,27 @@ class Session:
         return build_report(prev_ids, ids, divergence, exact=exact and exact_now)
 
     # ----------------------------------------------------------------- warm-ahead
-    def _maybe_warm(self, attempt: Attempt, kwargs: dict[str, Any], fire: Callable[[dict[str, Any]], None]) -> None:
+    def _maybe_warm(self, attempt: Attempt, kwargs: dict[str, Any], asynchronous: bool) -> None:
         if self.slow is None:
             return
-        decision = decide_warm(
-            estimated_tokens=attempt.count.total, fast_window=self.discovery.window(self.fast).window,
-            routed_role=attempt.decision.role, enabled=_env.warm_ahead_enabled(),
-            model_known=self.discovery.served_model_known(self.slow), policy=self.warm_ahead,
+        attempt.warm = self._warm.consider(
+            attempt.payload, estimated_tokens=attempt.count.total, fast_window=self.discovery.window(self.fast).window,
+            routed_role=attempt.decision.role, model_known=self.discovery.served_model_known(self.slow),
         )
-        outcome = self._guard(decision.outcome)
-        attempt.warm = outcome
-        if outcome in ("disabled", "unknown_model", "cooldown", "saturated"):
-            self._stats.add(f"warm_skipped_{outcome}")
-        if outcome != "fire":
-            return
-        self._stats.add("warm_fired")
-        self._warmed = attempt.payload
-        emit("warm_fired", target=self.slow.label, estimate=attempt.count.total, session=self.session_id,
-             tenant=self.tenant)
-        fire(warm_kwargs(self.slow, kwargs, self.cache_salt, self.warm_ahead.timeout_s))
-
-    def _guard(self, outcome: str) -> str:
-        if outcome != "fire":
-            return outcome
-        if self._cooldowns.active(self.session_id):
-            return "cooldown"
-        if not self._in_flight.try_acquire():
-            return "saturated"
-        if not self._cooldowns.claim(self.session_id):
-            self._in_flight.release()
-            return "cooldown"
-        return "fire"
-
-    def _fire_sync(self, call: dict[str, Any]) -> None:
-        done = threading.Event()
-        self._sync_warms = [e for e in self._sync_warms if not e.is_set()] + [done]
-
-        def job() -> None:
-            try:
-                self.client.completion(**call)
-                self._stats.add("warm_completed")
-            except Exception as exc:  # a warm never raises into anyone
-                self._warm_failed(exc)
-            finally:
-                self._in_flight.release()
-                done.set()
-
-        default_pool().submit(job)
-
-    def _fire_async(self, call: dict[str, Any]) -> None:
-        async def job() -> None:
-            try:
-                await self.client.acompletion(**call)
-                self._stats.add("warm_completed")
-            except Exception as exc:  # a warm never raises into anyone
-                self._warm_failed(exc)
-            finally:
-                self._in_flight.release()
-
-        self._async_warms.spawn(job, self.warm_ahead.timeout_s + 1.0)
-
-    def _warm_failed(self, exc: BaseException) -> None:
-        self._stats.add("warm_failed")
-        emit("warm_failed", level="warning", error=type(exc).__name__, detail=str(exc)[:200],
-             session=self.session_id, tenant=self.tenant)
+        if attempt.warm == "fire":
+            call = warm_kwargs(self.slow, kwargs, self.cache_salt, self.warm_ahead.timeout_s)
+            (self._warm.fire_async if asynchronous else self._warm.fire_sync)(call)
 
     def drain_warms(self, timeout_s: float = 30.0) -> bool:
         """Wait up to ``timeout_s`` for this Session's threaded warms; True when none is left in flight.
 
         For tests, benchmarks and demos: requests never wait for warms.
         """
-        deadline = time.monotonic() + timeout_s
-        for event in list(self._sync_warms):
-            if not event.wait(max(0.0, deadline - time.monotonic())):
-                return False
-        return True
+        return self._warm.drain(timeout_s)
 
     async def adrain_warms(self, timeout_s: float = 30.0) -> None:
         """Wait up to ``timeout_s`` for this Session's async warm tasks (tests, benchmarks, demos)."""
-        await self._async_warms.wait(timeout_s)
+        await self._warm.adrain(timeout_s)
 
 
 def _max_tokens(kwargs: dict[str, Any]) -> int | None:
