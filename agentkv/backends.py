@@ -117,8 +117,16 @@ def parse_models_response(payload: Any, served_model: str) -> ServerInfo:
     return ServerInfo(None, ids, False)
 
 
+_CATALOG: dict[str, int] = {}
+
+
 def catalog_window(model: str) -> int | None:
-    """litellm's ``max_input_tokens`` for ``model`` (not ``max_tokens``, the output cap), or None."""
+    """litellm's ``max_input_tokens`` for ``model`` (not ``max_tokens``, the output cap), or None.
+
+    Found windows are remembered; misses are asked again, so a later ``litellm.register_model`` counts.
+    """
+    if model in _CATALOG:
+        return _CATALOG[model]
     from agentkv._env import import_litellm
 
     try:
@@ -126,6 +134,8 @@ def catalog_window(model: str) -> int | None:
     except Exception:  # litellm raises a bare Exception for unmapped models
         return None
     window = info.get("max_input_tokens") if isinstance(info, Mapping) else None
+    if window:
+        _CATALOG[model] = int(window)
     return int(window) if window else None
 
 
@@ -155,7 +165,7 @@ class WindowDiscovery:
     def window(self, backend: Backend) -> WindowInfo:
         """The backend's window: declared, then server, then litellm's catalog."""
         if backend.window is not None:
-            return WindowInfo(backend.window, "declared", self._model_known(backend))
+            return WindowInfo(backend.window, "declared")
         key = _key(backend)
         with self._lock:
             corrected = self._corrections.get(key)

@@ -59,6 +59,7 @@ class DemoConfig:
     tool_latency_s: float = 0.3
     think_time_s: float = 150.0
     max_tokens: int = 16
+    result_rows: int = 1
 
     @classmethod
     def quick(cls) -> "DemoConfig":
@@ -139,7 +140,7 @@ def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, w
 
     previous = os.environ.get("AGENTKV_WARM_AHEAD")
     os.environ["AGENTKV_WARM_AHEAD"] = "1" if warm else "0"
-    agent, tools, result = ScriptedAgent(result_rows=1), TOOLS[: config.tools], DemoRun(label)
+    agent, tools, result = ScriptedAgent(result_rows=config.result_rows), TOOLS[: config.tools], DemoRun(label)
     messages = agent.opening()
     try:
         clock = FakeClock()

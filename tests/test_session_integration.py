@@ -204,3 +204,45 @@ def test_unknown_errors_pass_through(fresh):
     with session(fresh, fast=fast) as s, pytest.raises(Exception) as info:
         s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert "ContextOverflow" not in type(info.value).__name__
+
+
+def test_unmappable_cloud_slow_keeps_request_local(fresh):
+    """A cloud slow model missing from litellm's catalog is never escalated to; the reason is logged."""
+    fast, _ = backends(fresh)
+    cloud = Backend("openai/no-such-model-in-any-catalog", name="cloud")
+    msgs, tools = conversation(0)
+    with capture_events() as events, session(fresh, fast=fast, slow=cloud) as s:
+        s.completion(messages=msgs, tools=tools, max_tokens=4)
+        assert s.last_route.backend == "fast"
+        big, tools = conversation(12)
+        with pytest.raises(ContextOverflowError):
+            s.completion(messages=big, tools=tools, max_tokens=4)
+    assert "catalog" in s.last_route.note and s.stats()["catalog_refusals"] == 1
+    assert any(e["event"] == "route" and e.get("note") and "catalog" in e["note"] for e in events)
+
+
+class RecordingCloud:
+    """Stands in for a cloud provider that cannot be reached from here: it records the call and answers."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def completion(self, **kwargs):
+        if kwargs.get("api_base"):
+            return self.real.completion(**kwargs)
+        self.calls.append(kwargs)
+        return {"choices": [{"message": {"role": "assistant", "content": "ok"}}], "usage": {}}
+
+
+def test_catalogued_cloud_slow_takes_the_overflow(fresh):
+    """A cloud slow model in litellm's catalog gets the request that does not fit, with no cache_salt."""
+    from agentkv._env import import_litellm
+
+    fast, _ = backends(fresh)
+    cloud = Backend("gpt-4o", name="cloud")
+    client = RecordingCloud(import_litellm())
+    big, tools = conversation(12)
+    with session(fresh, fast=fast, slow=cloud, client=client, tenant="t", cache_salt_secret="k") as s:
+        s.completion(messages=big, tools=tools, max_tokens=4)
+    assert s.last_route.backend == "cloud" and s.last_route.window and s.last_route.window > 100_000
+    assert len(client.calls) == 1 and "extra_body" not in client.calls[0] and client.calls[0]["model"] == "gpt-4o"

@@ -1,0 +1,62 @@
+"""The public surface: a pinned __all__, a cheap import, value objects that refuse bad input."""
+
+import subprocess
+import sys
+
+import pytest
+
+import agentkv
+from agentkv import Backend, ConfigurationError, Session
+
+EXPECTED = {
+    "AgentKVError", "Backend", "ConfigurationError", "ContextOverflowError", "CooldownMap", "LedgerEntry",
+    "Overflow", "Payload", "PrefixReport", "Recovery", "RetryPolicy", "RouteDecision", "RoutePolicy", "Session",
+    "TokenCount", "TokenCounter", "WarmAheadPolicy", "WarmDecision", "WindowDiscovery", "WindowInfo",
+    "__version__", "decide_route", "decide_warm", "default_discovery", "derive_cache_salt",
+    "overflow_from_error", "parse_overflow", "payload_from_request", "plan_recovery",
+}
+
+
+def test_exported_members_are_pinned():
+    """agentkv.__all__ is exactly the curated list, and every name resolves."""
+    assert set(agentkv.__all__) == EXPECTED
+    for name in agentkv.__all__:
+        assert getattr(agentkv, name) is not None
+
+
+def test_import_is_cheap():
+    """`import agentkv` loads neither litellm, torch, transformers nor langchain."""
+    code = ("import sys, agentkv, agentkv.local, agentkv.handoff, agentkv.integrations; "
+            "print(sorted(m for m in ('litellm', 'torch', 'transformers', 'langchain_core') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"model": ""}, "model"),
+    ({"model": "m", "window": 0}, "window"),
+    ({"model": "m", "api_base": "127.0.0.1:8000"}, "api_base"),
+])
+def test_backend_refuses_bad_values(kwargs, needle):
+    """A Backend with a bad value raises a ConfigurationError naming the field."""
+    with pytest.raises(ConfigurationError, match=needle):
+        Backend(**kwargs)
+
+
+def test_session_refuses_bad_backends():
+    """A Session needs Backend objects with distinct names."""
+    with pytest.raises(ConfigurationError, match="fast"):
+        Session("hosted_vllm/x")
+    with pytest.raises(ConfigurationError, match="distinct"):
+        Session(Backend("m"), Backend("m"))
+
+
+def test_session_id_defaults_to_a_fresh_uuid():
+    """Two Sessions get different generated ids."""
+    assert Session(Backend("a")).session_id != Session(Backend("a")).session_id
+
+
+def test_bad_max_tokens_is_named():
+    """A non-positive max_tokens is refused before anything is sent."""
+    with Session(Backend("hosted_vllm/m", window=100), client=object()) as s, pytest.raises(ValueError, match="max_tokens"):
+        s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=0)
