@@ -7,6 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from agentkv.local.codec import TiktokenCodec  # noqa: E402
+from agentkv.local.decoding import logit_bias  # noqa: E402
 from agentkv.local.engine import Delta, Generation, LocalEngine  # noqa: E402
 from agentkv.local.limits import ContextLengthExceeded  # noqa: E402
 from agentkv.local.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model  # noqa: E402
@@ -151,11 +153,12 @@ def test_invalid_utf8_is_replaced_not_raised(engine):
     assert engine.decode([lone_byte]) == "\ufffd"
 
 
-def test_sampling_never_picks_undecodable_ids(engine):
-    """Ids past the tokenizer's vocabulary (model padding) are masked out of sampling."""
-    assert engine._bias is not None
-    assert torch.isinf(engine._bias[100261]) and torch.isinf(engine._bias[100300])
-    assert engine._bias[engine.encoding.eot_token] == 0
+def test_sampling_never_picks_undecodable_ids():
+    """Ids tiktoken cannot decode (model padding, unused special slots) get a -inf logit bias."""
+    codec = TiktokenCodec()
+    bias = logit_bias(codec, MODEL_SIZES["small"]["vocab_size"])
+    assert torch.isinf(bias[100261]) and torch.isinf(bias[100300])
+    assert bias[codec.encoding.eot_token] == 0 and bias[42] == 0
 
 
 def test_a_request_over_the_window_raises_vllms_message(engine):

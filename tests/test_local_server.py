@@ -227,3 +227,16 @@ def test_stop_releases_the_port(model):
         server.stop()
         with pytest.raises(httpx.TransportError):
             http.get("/health")
+
+
+def test_backend_counts_exactly_what_the_server_prefills(server, client):
+    """server.backend() addresses this server, and agentkv's counter for it equals the server's prompt_tokens."""
+    from agentkv.tokens import TokenCounter, payload_from_request
+
+    backend = server.backend()
+    assert backend.model == f"hosted_vllm/{MODEL_ID}" and backend.api_base == server.api_base
+    assert backend.window is None and server.backend(declare_window=True).window == WINDOW
+    counted = TokenCounter.for_backend(backend, use_server=False).count(
+        payload_from_request({"messages": MESSAGES, "tools": TOOLS}))
+    usage = client.post("/v1/chat/completions", json=chat()).json()["usage"]
+    assert counted.exact and counted.total == usage["prompt_tokens"]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 DEFAULT_CACHE_BUDGET_BYTES = 512 << 20
-DEFAULT_PREFILL_CHUNK = 4096
+DEFAULT_PREFILL_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ class LocalEngine:
             emit("local.request.finished", model_id=self.model_id, prompt_tokens=len(prompt),
                  cached_tokens=cached, completion_tokens=len(generated), finish_reason=finish,
                  ttft_s=round(ttft, 4), total_s=round(result.total_s, 4))
-        yield result
+        yield result  # after the lock is released: the engine is free once the caller sees the result
 
     def _decode(self, cache: Any, logits: torch.Tensor, sampler: Sampler, prompt_len: int, max_tokens: int,
                 generated: list[int]) -> Iterator[Delta]:
