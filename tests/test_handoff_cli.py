@@ -9,6 +9,15 @@ import random
 import pytest
 
 from agentkv.handoff import cli
+from agentkv.handoff.testing import torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 
 def run(command: str, *argv: str) -> int:

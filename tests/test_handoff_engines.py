@@ -9,9 +9,17 @@ from structlog.testing import capture_logs
 from agentkv.handoff import CalibrationConfig, calibrate, create_mapper, handoff_prefix
 from agentkv.handoff.builtins import IdentityMapper
 from agentkv.handoff.models import signature_of
-from agentkv.handoff.testing import random_sequences
+from agentkv.handoff.testing import random_sequences, torch_threads
 from agentkv.local.engine import LocalEngine
 from agentkv.local.models import build_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 PROMPT = [int(t) for t in random_sequences(1, 75, vocab=50_000, seed=3)[0]]
 

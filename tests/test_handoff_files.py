@@ -16,7 +16,15 @@ from agentkv.handoff import (
 )
 from agentkv.handoff.collect import prefill_cache
 from agentkv.handoff.ridge import RidgeMapper
-from agentkv.handoff.testing import random_sequences, tiny_qwen3
+from agentkv.handoff.testing import random_sequences, tiny_qwen3, torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from agentkv.handoff.calibration import fit_store
@@ -9,6 +10,15 @@ from agentkv.handoff.collect import ActivationStore
 from agentkv.handoff.config import CalibrationConfig, MLPConfig
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import ModelSignature, SignaturePair
+from agentkv.handoff.testing import torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 DIM = 16
 ROPE = RopeTable(1.0 / (1e4 ** (torch.arange(0, DIM, 2, dtype=torch.float) / DIM)))

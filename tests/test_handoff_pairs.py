@@ -9,7 +9,15 @@ from agentkv.handoff import CalibrationConfig, calibrate, choose_handoff
 from agentkv.handoff.collect import prefill_cache
 from agentkv.handoff.evaluation import attention_scales, causal_attention, prefill_with_queries
 from agentkv.handoff.models import attention_modules, forward_with_cache
-from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random_sequences, tiny_qwen3
+from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random_sequences, tiny_qwen3, torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 SEQUENCES = random_sequences(10, 64)
 CONFIG = CalibrationConfig(k=4)
@@ -81,3 +89,13 @@ def test_unrelated_pair_fails_the_gate_and_falls_back_to_replay(source) -> None:
     assert mapper.attention_cosine < 0.5
     plan = choose_handoff(mapper, 0.95)
     assert plan.replay and plan.fallback and "attention cosine" in plan.reason
+
+
+def test_mapping_keeps_the_caches_dtype(source, self_mapper) -> None:
+    """A bfloat16 cache maps to a bfloat16 cache that agrees with the float32 mapping to bf16 precision."""
+    cache = prefill_cache(source, SEQUENCES[0].unsqueeze(0))
+    half = self_mapper.map(cache.to(dtype=torch.bfloat16))
+    full = self_mapper.map(cache)
+    assert all(k.dtype == torch.bfloat16 for k in (*half.keys, *half.values))
+    for a, b in zip(half.keys, full.keys, strict=True):
+        assert torch.allclose(a.float(), b, atol=0.05, rtol=0.02)

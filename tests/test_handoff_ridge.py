@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from agentkv.handoff.cache import KVCache
@@ -12,6 +13,15 @@ from agentkv.handoff.config import CalibrationConfig
 from agentkv.handoff.linalg import RidgeAccumulator
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import ModelSignature, SignaturePair
+from agentkv.handoff.testing import torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 HEADS, DIM = 2, 16
 WIDTH = HEADS * DIM

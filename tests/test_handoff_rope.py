@@ -8,7 +8,15 @@ import torch
 from agentkv.handoff.collect import prefill_cache
 from agentkv.handoff.rope import RopeTable, apply_rope, model_cos_sin, strip_rope
 from agentkv.handoff.signature import ModelSignature
-from agentkv.handoff.testing import tiny_llama3, tiny_qwen3
+from agentkv.handoff.testing import tiny_llama3, tiny_qwen3, torch_threads
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny shapes run fastest single-threaded (and do not fight other jobs for shared cores)."""
+    with torch_threads(1):
+        yield
+
 
 MODELS = {"qwen3-default": tiny_qwen3, "llama3-scaled": tiny_llama3}
 

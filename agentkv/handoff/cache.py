@@ -38,9 +38,9 @@ class KVCache:
                 f"{len(self.keys)} key / {len(self.values)} value layers for {sig.describe()}"
             )
         expected = (sig.kv_heads, sig.head_dim)
-        for k in self.keys:
-            if (k.shape[1], k.shape[3]) != expected:
-                raise SignatureMismatchError(f"key layer of shape {tuple(k.shape)} for {sig.describe()}")
+        for t in (*self.keys, *self.values):
+            if t.dim() != 4 or (t.shape[1], t.shape[3]) != expected:
+                raise SignatureMismatchError(f"a layer of shape {tuple(t.shape)} for {sig.describe()}")
 
     @property
     def seq_len(self) -> int:

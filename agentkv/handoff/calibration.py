@@ -44,6 +44,7 @@ def fit_store(
     scores = single_layer_r2(store, config.lam, config.chunk_rows, progress)
     geometry = MapGeometry(pair, select_layers(scores, config.k), source_rope, target_rope, store.strip_rope)
     mapper = fit(store, geometry, config, progress)
+    mapper.info["parameters"] = sum(p.numel() for p in mapper.params.values())
     figures = {"heldout_r2": heldout_r2(store, mapper, config.chunk_rows),
                "rank_r2": [[round(float(x), 6) for x in row] for row in scores]}
     mapper.info["calibration"] = figures

@@ -154,14 +154,10 @@ def _print_manifest(folder: Path, floor: float | None, manifest: dict[str, Any] 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Time map vs re-prefill and print the table."""
+    from agentkv.handoff.bench import format_rows
     from agentkv.handoff.report import bench_table, print_tables
 
-    if args.gpu:
-        rows, title = _bench_gpu(args)
-    else:
-        rows, title = _bench_models(args)
-    from agentkv.handoff.bench import format_rows
-
+    rows, title = _bench_gpu(args) if args.gpu else _bench_models(args)
     print_tables(bench_table(format_rows(rows), title))
     return 0
 

@@ -46,11 +46,6 @@ class LearnedMapper:
     def attention_cosine(self) -> float | None:
         return held_out_cosine(self.info)
 
-    @property
-    def num_parameters(self) -> int:
-        """Every weight and bias of every target layer."""
-        return sum(p.numel() for p in self.params.values())
-
     def with_evaluation(self: Self, figures: dict[str, Any]) -> Self:
         """The same map with evaluation figures recorded in its info (what the gate reads)."""
         return type(self)(self.geometry, self.params, with_evaluation(self.info, figures))

@@ -56,13 +56,6 @@ class RidgeAccumulator:
         return weight, bias
 
 
-def ridge_closed_form(x: torch.Tensor, y: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One-shot ridge with an unpenalised bias. x: [n, in], y: [n, out] -> weight [in, out], bias [out]."""
-    acc = RidgeAccumulator(x.shape[1], y.shape[1], device=x.device)
-    acc.update(x, y)
-    return acc.solve(lam)
-
-
 @dataclass
 class R2Accumulator:
     """Pooled R² over streamed rows: ``1 - Σ(y - ŷ)² / Σ(y - ȳ)²`` with ``ȳ`` per column.
@@ -93,9 +86,3 @@ class R2Accumulator:
         sse = self.sse.reshape(self.groups, -1).sum(1)
         return 1.0 - sse / sst.reshape(self.groups, -1).sum(1).clamp_min(1e-30)
 
-
-def r2_score(y: torch.Tensor, pred: torch.Tensor) -> float:
-    """Pooled R² of ``pred`` against ``y`` (any shape, last dim = columns)."""
-    acc = R2Accumulator()
-    acc.update(y.reshape(-1, y.shape[-1]), pred.reshape(-1, pred.shape[-1]))
-    return float(acc.scores()[0])

@@ -46,17 +46,6 @@ class MapGeometry:
     target_rope: RopeTable
     strip_rope: bool = True
 
-    @property
-    def in_dim(self) -> int:
-        """Feature width: k * kv_heads * head_dim."""
-        src = self.pair.source
-        return len(self.selected[0]) * src.kv_heads * src.head_dim
-
-    @property
-    def out_dim(self) -> int:
-        """Output width per target layer: kv_heads * head_dim."""
-        return self.pair.target.kv_heads * self.pair.target.head_dim
-
     def to_manifest(self) -> dict[str, Any]:
         """JSON-ready fields (rope tables go to the weights file)."""
         return {

@@ -53,14 +53,12 @@ def load_spec(spec: str, *, device: str = "cpu", dtype: Any = None, seed: int = 
 
     if spec in EMBEDDED_SIZES:
         model, codec = models.build_model(spec, seed=seed, dtype=dtype), codecs.TiktokenCodec()
-    else:
-        model, tokenizer = models.load_model(spec)
-        model.config._name_or_path = spec
-        codec = codecs.HFCodec(tokenizer) if tokenizer is not None else codecs.TiktokenCodec()
-        model = model.to(dtype=dtype) if dtype is not None else model
-    if spec in EMBEDDED_SIZES:
-        model.config._name_or_path = f"agentkv-embedded-{spec}-seed{seed}"
-    return model.to(device), codec
+        model.config._name_or_path = f"agentkv-embedded-{spec}-seed{seed}"  # the model id signatures carry
+        return model.to(device), codec
+    model, tokenizer = models.load_model(spec)
+    model.config._name_or_path = spec
+    codec = codecs.HFCodec(tokenizer) if tokenizer is not None else codecs.TiktokenCodec()
+    return model.to(device=device, dtype=dtype), codec
 
 
 def cache_kwarg(model: Any) -> str:

@@ -25,6 +25,7 @@ def summary_table(manifest: Mapping[str, Any], verdict: str) -> Table:
         ("target", signatures.get("target", {}).get("model_id")),
         ("k / lambda", f"{manifest.get('k', '-')} / {manifest.get('lam', '-')}"),
         ("calibration tokens", manifest.get("calibration_tokens")),
+        ("parameters", manifest.get("parameters")),
         ("evaluated tokens", evaluation.get("tokens")),
         ("attention-output cosine", _fmt(evaluation.get("attention_cosine"))),
         ("greedy next-token agreement", _fmt(evaluation.get("greedy_agreement"))),

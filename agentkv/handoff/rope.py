@@ -91,11 +91,6 @@ class RopeTable:
         inv_freq = rotary.inv_freq.detach().to("cpu", torch.float32).clone()
         return cls(inv_freq, float(rotary.attention_scaling))
 
-    @property
-    def head_dim(self) -> int:
-        """The rotated width (twice the number of frequencies)."""
-        return 2 * int(self.inv_freq.numel())
-
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -78,3 +79,14 @@ def random_sequences(count: int, length: int, vocab: int = 256, seed: int = 0) -
     """``count`` token sequences of ``length`` uniform ids: each [length] int64."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (length,), generator=gen) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run with ``count`` intra-op threads, then restore: tiny models are fastest on one, above all on shared cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
