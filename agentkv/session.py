@@ -75,6 +75,7 @@ class Session:
         self._stats = SessionStats()
         self.ledger: list[LedgerEntry] = []
         self.last_route: RouteDecision | None = None
+        self._previous_role: str | None = None
         self._history: list[Payload] = []
         self._warm = WarmAhead(warm_ahead, (cooldowns or default_cooldowns()).for_tenant(tenant),
                                in_flight or default_in_flight(), self._stats, lambda: self.client,
@@ -329,17 +330,21 @@ class Session:
         entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
                             count.exact, decision.backend, decision.reason, attempt.warm)
         self.ledger.append(entry)
+        # An escalation is the move to slow: a size-routed slow request after fast (or first) ones.
+        escalation = decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate") \
+            and self._previous_role != "slow"
+        self._previous_role = decision.role
         if attempt.kwargs.get("stream"):
-            return StreamWatcher(response, lambda cached: self._record_cached(attempt, entry, cached))
-        self._record_cached(attempt, entry, response_cached_tokens(response))
+            return StreamWatcher(response, lambda cached: self._record_cached(attempt, entry, cached, escalation))
+        self._record_cached(attempt, entry, response_cached_tokens(response), escalation)
         return response
 
-    def _record_cached(self, attempt: Attempt, entry: LedgerEntry, cached: int | None) -> None:
+    def _record_cached(self, attempt: Attempt, entry: LedgerEntry, cached: int | None, escalation: bool) -> None:
         self._stats.add("cached_tokens_total", cached or 0)
         index = entry.turn - 1
         if index < len(self.ledger) and self.ledger[index] is entry:
             self.ledger[index] = replace(entry, cached_tokens=cached)
-        if attempt.decision.role == "slow" and attempt.decision.reason in ("proactive", "reactive_escalate"):
+        if escalation:
             self._record_escalation(attempt, cached)
 
     def _record_escalation(self, attempt: Attempt, cached: int | None) -> None:
