@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from cachetools import TTLCache
 
+from agentkv._defaults import process_default
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 
@@ -276,15 +277,6 @@ def _httpx_getter(timeout_s: float) -> Callable[[str], Any]:
     return get
 
 
-_DEFAULT: WindowDiscovery | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_discovery() -> WindowDiscovery:
-    """The process-wide discovery cache that Sessions share unless given their own."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = WindowDiscovery()
-        return _DEFAULT
+default_discovery = process_default(
+    WindowDiscovery, "The process-wide discovery cache that Sessions share unless given their own.")
 

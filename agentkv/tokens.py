@@ -263,27 +263,26 @@ class ServerSource:
         body.update(overrides)
         return body
 
-    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The server's answer for ``body``, from the cache when the same body was sent before."""
+    def _remembered(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
         if self.unsupported:
             raise CountUnavailable("server has no /tokenize")
         key = digest(body, 24)
         with self._lock:
-            cached = self._memo.get(key)
-        if cached is not None:
-            return cached
-        answer = self._ask(body)
+            return key, self._memo.get(key)
+
+    def _remember(self, key: str, answer: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self._memo[key] = answer
         return answer
 
+    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The server's answer for ``body``, from the cache when the same body was sent before."""
+        key, cached = self._remembered(body)
+        return cached if cached is not None else self._remember(key, self._ask(body))
+
     async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """:meth:`tokenize` over async HTTP, sharing the same cache."""
-        if self.unsupported:
-            raise CountUnavailable("server has no /tokenize")
-        key = digest(body, 24)
-        with self._lock:
-            cached = self._memo.get(key)
+        key, cached = self._remembered(body)
         if cached is not None:
             return cached
         import httpx
@@ -297,19 +296,13 @@ class ServerSource:
             raise
         except Exception as exc:
             raise self._unavailable(exc) from exc
-        with self._lock:
-            self._memo[key] = answer
-        return answer
+        return self._remember(key, answer)
 
     async def acount(self, payload: Payload) -> TokenCount:
         """:meth:`count` over async HTTP."""
         total = (await self.atokenize(self.request_body(payload)))["count"]
-        tools = 0
-        if payload.tools and payload.messages is not None:
-            probe = ({"role": "user", "content": ""},)
-            with_tools = await self.atokenize(self.request_body(Payload(probe, payload.tools), add_generation_prompt=False))
-            without = await self.atokenize(self.request_body(Payload(probe), add_generation_prompt=False))
-            tools = max(0, with_tools["count"] - without["count"])
+        counts = [(await self.atokenize(body))["count"] for body in self._tool_probes(payload)]
+        tools = max(0, counts[0] - counts[1]) if counts else 0
         return TokenCount(total, total, min(tools, total), self.name, True)
 
     def _ask(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -341,12 +334,16 @@ class ServerSource:
         return list(self.tokenize(body).get("tokens") or [])
 
     def _tools_tokens(self, payload: Payload) -> int:
+        counts = [self.tokenize(body)["count"] for body in self._tool_probes(payload)]
+        return max(0, counts[0] - counts[1]) if counts else 0
+
+    def _tool_probes(self, payload: Payload) -> list[dict[str, Any]]:
+        """Two /tokenize bodies whose counts differ by the tool schemas' tokens (none without tools)."""
         if not payload.tools or payload.messages is None:
-            return 0
+            return []
         probe = ({"role": "user", "content": ""},)
-        with_tools = self.tokenize(self.request_body(Payload(probe, payload.tools), add_generation_prompt=False))
-        without = self.tokenize(self.request_body(Payload(probe), add_generation_prompt=False))
-        return max(0, with_tools["count"] - without["count"])
+        return [self.request_body(Payload(probe, payload.tools), add_generation_prompt=False),
+                self.request_body(Payload(probe), add_generation_prompt=False)]
 
 
 def _httpx_poster(timeout_s: float) -> Callable[[str, Any], Any]:

@@ -17,6 +17,7 @@ from typing import Callable, Literal
 
 from cachetools import TTLCache
 
+from agentkv._defaults import process_default
 from agentkv.errors import ConfigurationError
 
 WarmOutcome = Literal[
@@ -159,24 +160,5 @@ class InFlightLimit:
         self._slots.release()
 
 
-_DEFAULTS_LOCK = threading.Lock()
-_COOLDOWNS: CooldownMap | None = None
-_IN_FLIGHT: InFlightLimit | None = None
-
-
-def default_cooldowns() -> CooldownMap:
-    """The process-wide cooldown map (256 entries, 5 minutes)."""
-    global _COOLDOWNS
-    with _DEFAULTS_LOCK:
-        if _COOLDOWNS is None:
-            _COOLDOWNS = CooldownMap()
-        return _COOLDOWNS
-
-
-def default_in_flight() -> InFlightLimit:
-    """The process-wide in-flight bound (4 warms)."""
-    global _IN_FLIGHT
-    with _DEFAULTS_LOCK:
-        if _IN_FLIGHT is None:
-            _IN_FLIGHT = InFlightLimit()
-        return _IN_FLIGHT
+default_cooldowns = process_default(CooldownMap, "The process-wide cooldown map (256 entries, 5 minutes).")
+default_in_flight = process_default(InFlightLimit, "The process-wide in-flight bound (4 warms).")

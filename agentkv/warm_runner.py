@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any, Awaitable, Callable
 
+from agentkv._defaults import process_default
 from agentkv.events import emit
 
 _Job = Callable[[], Any]
@@ -40,17 +41,7 @@ class DaemonPool:
                 emit("warm_worker_error", level="error", error=type(exc).__name__)
 
 
-_POOL: DaemonPool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def default_pool() -> DaemonPool:
-    """The process-wide warm pool."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = DaemonPool()
-        return _POOL
+default_pool = process_default(DaemonPool, "The process-wide pool of warm-ahead worker threads.")
 
 
 class AsyncWarms:
