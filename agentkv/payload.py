@@ -1,0 +1,98 @@
+"""What a request sends to the model, and what a count of it says.
+
+A payload has ``messages`` (chat form) or ``prompt``, never both: when a request carries both, the
+messages are what the payload builder sends, so they are what is counted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+
+class CountUnavailable(Exception):
+    """A token source cannot count this payload; the counter falls back to the next source."""
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What a request sends to the model: ``messages`` (chat form) or ``prompt``, never both."""
+
+    messages: tuple[Mapping[str, Any], ...] | None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    tool_choice: Any = None
+    prompt: str | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+
+    def char_count(self) -> int:
+        """Characters of everything counted: message text, tool calls, tool schemas."""
+        return len(_canonical(self.messages if self.messages is not None else self.prompt)) + len(
+            _canonical(self.tools or [])
+        )
+
+
+def payload_from_request(kwargs: Mapping[str, Any]) -> Payload:
+    """The payload of a litellm-style request: messages XOR prompt, messages winning when both exist."""
+    messages = kwargs.get("messages")
+    prompt = kwargs.get("prompt")
+    if messages is None and prompt is None:
+        raise ValueError("a request needs 'messages' (chat) or 'prompt' (completion); it had neither")
+    if messages is not None and (isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence)):
+        raise ValueError(f"'messages' must be a list of message dicts, got {type(messages).__name__}")
+    tools = kwargs.get("tools")
+    return Payload(
+        messages=tuple(messages) if messages is not None else None,
+        tools=tuple(tools) if tools else None,
+        tool_choice=kwargs.get("tool_choice"),
+        prompt=None if messages is not None else _prompt_text(prompt),
+        template_kwargs=kwargs.get("chat_template_kwargs") or _extra_body(kwargs).get("chat_template_kwargs"),
+    )
+
+
+def _extra_body(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    extra = kwargs.get("extra_body")
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    raise ValueError(f"'prompt' must be a string or a list of strings, got {type(prompt).__name__}")
+
+
+def _canonical(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """A count of one payload.
+
+    ``total`` is the best estimate (routing uses it); ``safe`` is never below it and is what the
+    output-budget clamp uses (equal to ``total`` when exact); ``tools`` is the part taken by tool
+    schemas; ``source`` names the source that answered.
+    """
+
+    total: int
+    safe: int
+    tools: int
+    source: str
+    exact: bool
+
+    @property
+    def tools_share(self) -> float:
+        """Share of the input taken by tool schemas."""
+        return self.tools / self.total if self.total else 0.0
+
+
+class TokenSource(Protocol):
+    """Anything that counts a payload, or raises :class:`CountUnavailable`."""
+
+    name: str
+
+    def count(self, payload: Payload) -> TokenCount: ...

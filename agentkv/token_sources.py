@@ -1,0 +1,328 @@
+"""Token sources: the backend's template, the server's /tokenize, tiktoken, and biased character counts.
+
+Each source counts a :class:`~agentkv.payload.Payload` or raises
+:class:`~agentkv.payload.CountUnavailable`; :class:`~agentkv.tokens.TokenCounter` tries them best first.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+from cachetools import LRUCache
+
+from agentkv.backends import Backend
+from agentkv.encodings import DEFAULT_ENCODING, encode, get_encoding
+from agentkv.events import digest, emit
+from agentkv.payload import CountUnavailable, Payload, TokenCount, _canonical
+from agentkv.templates import render_chat
+
+# A point right after a newline and before a non-space character is a pre-token boundary for the
+# GPT-style splitting regexes (cl100k, o200k, Qwen2): no pre-token runs across it, so token counts of
+# the pieces add up exactly. Each tokenizer is checked once before chunking is trusted.
+_CHUNK_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")
+
+
+class ChunkedEncoder:
+    """Counts text by newline-bounded chunks, each tokenized once and memoised by its content.
+
+    Appending one message to a long conversation tokenizes only that message's chunks.
+    ``encode`` is ``text -> token ids``. The first call checks that chunked counts equal a full
+    encode for this tokenizer; where they do not, it counts whole texts instead.
+    """
+
+    def __init__(self, encode_fn: Callable[[str], Sequence[int]], maxsize: int = 65536) -> None:
+        self._encode = encode_fn
+        self._memo: LRUCache[str, int] = LRUCache(maxsize)
+        self._lock = threading.Lock()
+        self._chunking: bool | None = None
+
+    def count(self, text: str) -> int:
+        if self._chunking is None:
+            self._chunking = self._chunking_is_exact(text)
+        if not self._chunking:
+            return len(self._encode(text))
+        return sum(self._count_chunk(chunk) for chunk in _CHUNK_BOUNDARY.split(text))
+
+    def _count_chunk(self, chunk: str) -> int:
+        with self._lock:
+            cached = self._memo.get(chunk)
+        if cached is None:
+            cached = len(self._encode(chunk))
+            with self._lock:
+                self._memo[chunk] = cached
+        return cached
+
+    def _chunking_is_exact(self, text: str) -> bool:
+        sample = text if len(text) < 200_000 else text[:200_000]
+        whole = len(self._encode(sample))
+        pieces = sum(len(self._encode(c)) for c in _CHUNK_BOUNDARY.split(sample))
+        if whole != pieces:
+            emit("chunked_count_disabled", level="warning", whole=whole, chunked=pieces)
+        return whole == pieces
+
+
+class TemplateSource:
+    """Exact counts from the backend's own tokenizer and chat template."""
+
+    name = "template"
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+        tiktoken_name = isinstance(tokenizer, str) and _is_tiktoken_name(tokenizer)
+        self._hf = None if tiktoken_name else _hf_tokenizer(tokenizer)
+        self._encode = _encode_fn(self._hf if self._hf is not None else get_encoding(tokenizer), self._hf is not None)
+        self._encoder = ChunkedEncoder(self._encode)
+        self._template = chat_template
+        self._tool_memo: LRUCache[str, int] = LRUCache(256)
+
+    def render(self, payload: Payload, *, add_generation_prompt: bool = True) -> str:
+        """The text the server would tokenize for this payload."""
+        if payload.messages is None:
+            return payload.prompt or ""
+        kwargs = dict(payload.template_kwargs or {})
+        if self._hf is not None:
+            return self._hf.apply_chat_template(
+                [dict(m) for m in payload.messages], tools=list(payload.tools or []) or None,
+                chat_template=self._template, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs,
+            )
+        return render_chat(
+            payload.messages, payload.tools, tool_choice=payload.tool_choice,
+            add_generation_prompt=add_generation_prompt, template=self._template, **kwargs,
+        )
+
+    def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of the rendered payload (for prefix diagnostics)."""
+        return list(self._encode(self.render(payload, add_generation_prompt=add_generation_prompt)))
+
+    def count(self, payload: Payload) -> TokenCount:
+        total = self._encoder.count(self.render(payload))
+        tools = self._tools_tokens(payload)
+        return TokenCount(total, total, min(tools, total), self.name, True)
+
+    def _tools_tokens(self, payload: Payload) -> int:
+        if not payload.tools or payload.messages is None:
+            return 0
+        key = digest([payload.tools, payload.tool_choice])
+        if key not in self._tool_memo:
+            bare = Payload(messages=(), tools=payload.tools, tool_choice=payload.tool_choice,
+                           template_kwargs=payload.template_kwargs)
+            self._tool_memo[key] = self._encoder.count(self.render(bare, add_generation_prompt=False))
+        return self._tool_memo[key]
+
+
+def _is_tiktoken_name(name: str) -> bool:
+    return name in {"cl100k_base", "o200k_base", "p50k_base", "r50k_base", "o200k_harmony"}
+
+
+def _hf_tokenizer(tokenizer: Any) -> Any:
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+
+
+def _encode_fn(tokenizer: Any, is_hf: bool) -> Callable[[str], Sequence[int]]:
+    if is_hf:
+        return lambda text: tokenizer.encode(text, add_special_tokens=False)
+    return lambda text: encode(tokenizer, text)
+
+
+class ServerSource:
+    """Exact counts from vLLM's ``POST /tokenize`` (chat form), cached per payload digest.
+
+    ``http_post`` is ``(url, json_body) -> parsed JSON``. A server without ``/tokenize`` (404/405) is
+    remembered and not asked again by this source.
+    """
+
+    name = "server"
+
+    def __init__(self, backend: Backend, *, http_post: Callable[[str, Any], Any] | None = None,
+                 timeout_s: float = 5.0, maxsize: int = 512) -> None:
+        if backend.server_root is None:
+            raise CountUnavailable(f"backend {backend.label!r} has no api_base to ask /tokenize")
+        self._backend = backend
+        self._url = f"{backend.server_root}/tokenize"
+        self._post = http_post or _httpx_poster(timeout_s)
+        self._timeout_s = timeout_s
+        self._memo: LRUCache[str, dict[str, Any]] = LRUCache(maxsize)
+        self._lock = threading.Lock()
+        self.unsupported = False
+        self.last_max_model_len: int | None = None
+
+    def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
+        """The chat-form (or prompt-form) /tokenize body for this payload."""
+        if payload.messages is None:
+            return {"model": self._backend.served_model, "prompt": payload.prompt or "", **overrides}
+        body: dict[str, Any] = {"model": self._backend.served_model, "messages": [dict(m) for m in payload.messages],
+                                "add_generation_prompt": True}
+        if payload.tools:
+            body["tools"] = list(payload.tools)
+        if payload.template_kwargs:
+            body["chat_template_kwargs"] = dict(payload.template_kwargs)
+        body.update(overrides)
+        return body
+
+    def _remembered(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        if self.unsupported:
+            raise CountUnavailable("server has no /tokenize")
+        key = digest(body, 24)
+        with self._lock:
+            return key, self._memo.get(key)
+
+    def _remember(self, key: str, answer: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._memo[key] = answer
+        return answer
+
+    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The server's answer for ``body``, from the cache when the same body was sent before."""
+        key, cached = self._remembered(body)
+        return cached if cached is not None else self._remember(key, self._ask(body))
+
+    async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`tokenize` over async HTTP, sharing the same cache."""
+        key, cached = self._remembered(body)
+        if cached is not None:
+            return cached
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout_s) as client:
+                response = await client.post(self._url, json=body)
+                response.raise_for_status()
+                answer = self._checked(response.json())
+        except CountUnavailable:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        return self._remember(key, answer)
+
+    async def acount(self, payload: Payload) -> TokenCount:
+        """:meth:`count` over async HTTP."""
+        total = (await self.atokenize(self.request_body(payload)))["count"]
+        counts = [(await self.atokenize(body))["count"] for body in self._tool_probes(payload)]
+        tools = max(0, counts[0] - counts[1]) if counts else 0
+        return TokenCount(total, total, min(tools, total), self.name, True)
+
+    def _ask(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            answer = self._post(self._url, body)
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        return self._checked(answer)
+
+    def _unavailable(self, exc: BaseException) -> CountUnavailable:
+        if getattr(getattr(exc, "response", None), "status_code", None) in (404, 405):
+            self.unsupported = True
+        return CountUnavailable(f"/tokenize failed: {type(exc).__name__}: {str(exc)[:160]}")
+
+    def _checked(self, answer: Any) -> dict[str, Any]:
+        if not isinstance(answer, Mapping) or not isinstance(answer.get("count"), int):
+            raise CountUnavailable("/tokenize answered without an integer 'count'")
+        self.last_max_model_len = answer.get("max_model_len") or self.last_max_model_len
+        return dict(answer)
+
+    def count(self, payload: Payload) -> TokenCount:
+        total = self.tokenize(self.request_body(payload))["count"]
+        tools = self._tools_tokens(payload)
+        return TokenCount(total, total, min(tools, total), self.name, True)
+
+    def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """The server's token ids for the payload."""
+        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
+        return list(self.tokenize(body).get("tokens") or [])
+
+    def _tools_tokens(self, payload: Payload) -> int:
+        counts = [self.tokenize(body)["count"] for body in self._tool_probes(payload)]
+        return max(0, counts[0] - counts[1]) if counts else 0
+
+    def _tool_probes(self, payload: Payload) -> list[dict[str, Any]]:
+        """Two /tokenize bodies whose counts differ by the tool schemas' tokens (none without tools)."""
+        if not payload.tools or payload.messages is None:
+            return []
+        probe = ({"role": "user", "content": ""},)
+        return [self.request_body(Payload(probe, payload.tools), add_generation_prompt=False),
+                self.request_body(Payload(probe), add_generation_prompt=False)]
+
+
+def _httpx_poster(timeout_s: float) -> Callable[[str, Any], Any]:
+    def post(url: str, body: Any) -> Any:
+        import httpx
+
+        response = httpx.post(url, json=body, timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    return post
+
+
+class TiktokenSource:
+    """Approximate counts: tiktoken on each message, plus the ChatML template's measured overheads.
+
+    Each message is counted once, memoised by its content; each distinct tool set once.
+    """
+
+    name = "tiktoken"
+
+    def __init__(self, encoding: str = DEFAULT_ENCODING, maxsize: int = 65536) -> None:
+        self._exact = TemplateSource(encoding)
+        self._messages: LRUCache[str, int] = LRUCache(maxsize)
+        self._tools: LRUCache[str, int] = LRUCache(256)
+        self._lock = threading.Lock()
+
+    def count(self, payload: Payload) -> TokenCount:
+        if payload.messages is None:
+            total = self._exact.count(payload).total
+            return TokenCount(total, max(total, _chars_high(payload)), 0, self.name, False)
+        tools = self._tools_tokens(payload)
+        body = sum(self._message_tokens(m) for m in payload.messages) + self._reply_priming()
+        total = body + tools
+        return TokenCount(total, max(total, _chars_high(payload)), tools, self.name, False)
+
+    def _message_tokens(self, message: Mapping[str, Any]) -> int:
+        key = digest(message, 24)
+        with self._lock:
+            cached = self._messages.get(key)
+        if cached is None:
+            cached = self._exact.count(Payload((message,)), ).total - self._reply_priming()
+            with self._lock:
+                self._messages[key] = cached
+        return cached
+
+    def _tools_tokens(self, payload: Payload) -> int:
+        if not payload.tools:
+            return 0
+        key = digest([payload.tools, payload.tool_choice], 24)
+        with self._lock:
+            cached = self._tools.get(key)
+        if cached is None:
+            cached = self._exact.count(Payload((), payload.tools, payload.tool_choice)).total - self._reply_priming()
+            with self._lock:
+                self._tools[key] = cached
+        return cached
+
+    def _reply_priming(self) -> int:
+        return self._exact.count(Payload(())).total
+
+
+class CharSource:
+    """Character estimators with a stated bias: chars/4 under-estimates, chars/3 over-estimates."""
+
+    name = "chars"
+
+    def count(self, payload: Payload) -> TokenCount:
+        tools = len(_canonical(list(payload.tools or []))) // 4
+        return TokenCount(_chars_low(payload), _chars_high(payload), tools, self.name, False)
+
+
+def _chars_low(payload: Payload) -> int:
+    """chars / 4: an under-estimate, for routing (a borderline turn stays on the fast model)."""
+    return payload.char_count() // 4
+
+
+def _chars_high(payload: Payload) -> int:
+    """chars / 3: an over-estimate, for clamping the output budget (the clamp errs safe)."""
+    return math.ceil(payload.char_count() / 3)
