@@ -262,6 +262,8 @@ def _httpx_poster(timeout_s: float) -> Callable[[str, Any], Any]:
 class TiktokenSource:
     """Approximate counts: tiktoken on each message, plus the ChatML template's measured overheads.
 
+    ``safe`` adds :data:`CROSS_TOKENIZER_MARGIN`, since the backend's own tokenizer may count more.
+
     Each message is counted once, memoised by its content; each distinct tool set once.
     """
 
@@ -276,11 +278,11 @@ class TiktokenSource:
     def count(self, payload: Payload) -> TokenCount:
         if payload.messages is None:
             total = self._exact.count(payload).total
-            return TokenCount(total, max(total, _chars_high(payload)), 0, self.name, False)
+            return TokenCount(total, _with_margin(total), 0, self.name, False)
         tools = self._tools_tokens(payload)
         body = sum(self._message_tokens(m) for m in payload.messages) + self._reply_priming()
         total = body + tools
-        return TokenCount(total, max(total, _chars_high(payload)), tools, self.name, False)
+        return TokenCount(total, _with_margin(total), tools, self.name, False)
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
         key = digest(message, 24)
@@ -306,6 +308,15 @@ class TiktokenSource:
 
     def _reply_priming(self) -> int:
         return self._exact.count(Payload(())).total
+
+
+# cl100k is not the backend's tokenizer: other BPE vocabularies differ by up to ~15% on the same text.
+CROSS_TOKENIZER_MARGIN = 0.15
+
+
+def _with_margin(total: int) -> int:
+    """The tiktoken count raised by the cross-tokenizer margin: the safe figure for clamping."""
+    return math.ceil(total * (1 + CROSS_TOKENIZER_MARGIN))
 
 
 class CharSource:

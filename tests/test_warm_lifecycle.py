@@ -1,0 +1,45 @@
+"""A warm stuck on a server that never answers cannot hang closing the Session or exiting Python."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+SCRIPT = textwrap.dedent('''
+    import socket
+    from agentkv import Backend, RoutePolicy, Session, WindowDiscovery
+
+    hole = socket.socket(); hole.bind(("127.0.0.1", 0)); hole.listen(8)   # accepts, never answers
+    base = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
+    slow = Backend("hosted_vllm/big", api_base=base, name="slow", window=100000)
+    discovery = WindowDiscovery(http_get=lambda url: {"data": [{"id": "big", "max_model_len": 100000}]})
+
+    class Answers:
+        def completion(self, **kw):
+            if kw["api_base"] == base:
+                import litellm
+                return litellm.completion(**kw)    # the warm: real litellm into the black hole
+            return {"choices": [{"message": {"role": "assistant", "content": "ok"}}], "usage": {}}
+
+    fast = Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", name="fast", window=400)
+    s = Session(fast, slow, discovery=discovery, client=Answers(), count_with_server=False,
+                routing=RoutePolicy(output_floor=16, min_output=16))
+    s.completion(messages=[{"role": "user", "content": "word " * 250}], max_tokens=4)
+    assert s.last_route.backend == "fast", s.last_route
+    assert s.stats()["warm_fired"] == 1, s.stats()
+    hole.settimeout(30)
+    conn, _ = hole.accept()              # the warm has connected: it is in flight, waiting for an answer
+    s.close()
+    print("closed", flush=True)
+''')
+
+
+def test_exit_does_not_wait_for_a_stuck_warm():
+    """The interpreter exits promptly after close while a warm hangs on a silent socket."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60,
+                          env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin"})
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "closed" in done.stdout
+    assert elapsed < 25, elapsed  # litellm's import is most of it; the warm's 30 s timeout is not waited for
