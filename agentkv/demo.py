@@ -60,6 +60,7 @@ class DemoConfig:
     think_time_s: float = 150.0
     max_tokens: int = 16
     result_rows: int = 1
+    warm_timeout_s: float = 30.0
 
     @classmethod
     def quick(cls) -> "DemoConfig":
@@ -133,7 +134,7 @@ def _warm_up_kernels(fast: Any, slow: Any) -> None:
 
 
 def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool) -> DemoRun:
-    from agentkv import Session
+    from agentkv import Session, WarmAheadPolicy
     from agentkv.scripted import TOOLS, ScriptedAgent
     from agentkv.testing import FakeClock
     from agentkv.warm import CooldownMap
@@ -145,7 +146,8 @@ def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, w
     try:
         clock = FakeClock()
         with Session(*_backends(fast, slow), tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
-                     cooldowns=CooldownMap(timer=clock)) as session:
+                     cooldowns=CooldownMap(timer=clock), warm_ahead=WarmAheadPolicy(timeout_s=config.warm_timeout_s),
+                     ) as session:
             after = 0
             for _ in range(config.max_turns):
                 result.rows.append(_turn(session, messages, tools, config))

@@ -26,7 +26,8 @@ def main() -> None:
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     config = DemoConfig(fast_window=args.fast_window, slow_window=2 * args.fast_window, result_rows=args.rows,
-                        turns_after_escalation=0, max_turns=40, tool_latency_s=0.0, max_tokens=4)
+                        turns_after_escalation=0, max_turns=40, tool_latency_s=0.0, max_tokens=4,
+                        warm_timeout_s=600.0)
     warm, cold = run_both(config)
     for run in (warm, cold):
         print(f"{run.label:10s}: " + "  ".join(
