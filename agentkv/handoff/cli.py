@@ -70,6 +70,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=8, help="source layers per target layer of the random mapper")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per length (median)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--gpu", action="store_true",
                         help="Qwen3-14B -> 32B shapes, random bf16 weights, on --device (default cuda), "
                              f"lengths {GPU_BENCH_LENGTHS}")
@@ -154,15 +155,21 @@ def _print_manifest(folder: Path, floor: float | None, manifest: dict[str, Any] 
 
 def run_bench(args: argparse.Namespace) -> int:
     """Time map vs re-prefill and print the table."""
+    import torch
+
     from agentkv.handoff.bench import format_rows
     from agentkv.handoff.report import bench_table, print_tables
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows, title = _bench_gpu(args) if args.gpu else _bench_models(args)
     print_tables(bench_table(format_rows(rows), title))
     return 0
 
 
 def _bench_models(args: argparse.Namespace) -> tuple[list[Any], str]:
+    import torch
+
     from agentkv.handoff.bench import bench_models
     from agentkv.handoff.models import load_spec
     from agentkv.handoff.registry import load_mapper
@@ -173,7 +180,9 @@ def _bench_models(args: argparse.Namespace) -> tuple[list[Any], str]:
     mapper = load_mapper(args.mapper, source=source, target=target) if args.mapper else None
     rows = bench_models(source, target, lengths, mapper=mapper, k=args.k, repeats=args.repeats)
     weights = "calibrated" if mapper else "random weights"
-    return rows, f"{args.source} -> {args.target} on {args.device} ({weights}, median of {args.repeats})"
+    count = torch.get_num_threads()
+    threads = f", {count} thread{'s' if count != 1 else ''}" if args.device == "cpu" else ""
+    return rows, f"{args.source} -> {args.target} on {args.device}{threads} ({weights}, median of {args.repeats})"
 
 
 def _bench_gpu(args: argparse.Namespace) -> tuple[list[Any], str]:
