@@ -12,6 +12,7 @@ context overflow plan a recovery (:func:`agentkv.routing.plan_recovery`).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -24,6 +25,7 @@ from agentkv.overflow import overflow_from_error
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, Target, decide_route, plan_recovery
+from agentkv.session_handoff import Handoff
 from agentkv.session_parts import Attempt, Observation, StreamWatcher, response_cached_tokens, warm_kwargs
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
@@ -60,7 +62,9 @@ class Session:
         cache_salt_secret: str | None = None,
         client: Any = None,
         count_with_server: bool = True,
-        handoff: Any = None,
+        handoff: str | Handoff = "replay",
+        mapper: Any = None,
+        min_attention_cosine: float | None = None,
     ) -> None:
         _check_backends(fast, slow)
         self.fast, self.slow = fast, slow
@@ -71,7 +75,8 @@ class Session:
         self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
         self._client = client
         self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server) for b in (fast, slow) if b}
-        self.handoff = handoff
+        self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
+            handoff, mapper, min_attention_cosine=min_attention_cosine)
         self._stats = SessionStats()
         self.ledger: list[LedgerEntry] = []
         self.last_route: RouteDecision | None = None
@@ -120,6 +125,7 @@ class Session:
         attempt = self._plan(kwargs, payload, self.counters[self.fast.label].count(payload))
         self._maybe_warm(attempt, kwargs, asynchronous=False)
         while True:
+            self._handoff(attempt)
             call = attempt.call_kwargs
             try:
                 response = self.retry.call(lambda: self.client.completion(**call))
@@ -136,6 +142,8 @@ class Session:
         attempt = self._plan(kwargs, payload, await self.counters[self.fast.label].acount(payload))
         self._maybe_warm(attempt, kwargs, asynchronous=True)
         while True:
+            if self._needs_handoff(attempt):
+                await asyncio.to_thread(self._handoff, attempt)  # torch work, off the event loop
             call = attempt.call_kwargs
             try:
                 response = await self.retry.acall(lambda: self.client.acompletion(**call))
@@ -330,9 +338,7 @@ class Session:
         entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
                             count.exact, decision.backend, decision.reason, attempt.warm)
         self.ledger.append(entry)
-        # An escalation is the move to slow: a size-routed slow request after fast (or first) ones.
-        escalation = decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate") \
-            and self._previous_role != "slow"
+        escalation = self._is_escalation(decision)
         self._previous_role = decision.role
         if attempt.kwargs.get("stream"):
             return StreamWatcher(response, lambda cached: self._record_cached(attempt, entry, cached, escalation))
@@ -365,6 +371,23 @@ class Session:
         ids, exact_now = counter.token_ids(current)
         divergence = explain_divergence(previous.messages or (), previous.tools, current.messages or (), current.tools)
         return build_report(prev_ids, ids, divergence, exact=exact and exact_now)
+
+    # ----------------------------------------------------------------- handoff at escalation
+    def _is_escalation(self, decision: RouteDecision) -> bool:
+        """The move to slow: a size-routed slow request after fast (or first) ones."""
+        return decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate") \
+            and self._previous_role != "slow"
+
+    def _needs_handoff(self, attempt: Attempt) -> bool:
+        return self.handoff.active and not attempt.handed_off and self._is_escalation(attempt.decision)
+
+    def _handoff(self, attempt: Attempt) -> None:
+        if not self._needs_handoff(attempt) or self.slow is None:
+            return
+        attempt.handed_off = True
+        outcome = self.handoff.at_escalation(self.fast, self.slow, attempt.payload, self.cache_salt)
+        self._stats.add("mapped_tokens", outcome.mapped_tokens)
+        self._stats.add("handoff_fallbacks", int(outcome.fallback))
 
     # ----------------------------------------------------------------- warm-ahead
     def _maybe_warm(self, attempt: Attempt, kwargs: dict[str, Any], asynchronous: bool) -> None:

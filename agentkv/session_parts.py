@@ -33,6 +33,7 @@ class Attempt:
     cache_salt: str | None
     reactive_clamped: bool = False
     warm: str = ""
+    handed_off: bool = False
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
