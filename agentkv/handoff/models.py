@@ -53,7 +53,8 @@ def load_spec(spec: str, *, device: str = "cpu", dtype: Any = None, seed: int = 
 
     if spec in EMBEDDED_SIZES:
         model, codec = models.build_model(spec, seed=seed, dtype=dtype), codecs.TiktokenCodec()
-        model.config._name_or_path = f"agentkv-embedded-{spec}-seed{seed}"  # the model id signatures carry
+        if not getattr(model.config, "_name_or_path", ""):  # keep agentkv.local's id if it ever sets one
+            model.config._name_or_path = f"agentkv-embedded-{spec}-seed{seed}"
         return model.to(device), codec
     model, tokenizer = models.load_model(spec)
     model.config._name_or_path = spec
