@@ -11,6 +11,7 @@ Both generate one token; TTFT is prefill plus the first sampling step.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -54,19 +55,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lengths", default="2048,8192,16384", help="comma-separated prompt lengths")
     parser.add_argument("--cached-fraction", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefill-threads", type=int, default=None, help="torch threads for prefill")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
+    import torch
+
     args = parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]
     started = time.perf_counter()
-    engine = LocalEngine.from_size(args.size, max_model_len=max(lengths) + 1, cache_budget_bytes=2 << 30)
+    engine = LocalEngine.from_size(args.size, max_model_len=max(lengths) + 1, cache_budget_bytes=2 << 30,
+                                   prefill_threads=args.prefill_threads)
     print(f"model agentkv-{args.size}: built in {time.perf_counter() - started:.1f} s; "
-          f"{engine.num_layers} layers, KV {engine.kv_heads}x{engine.head_dim} per layer")
+          f"{engine.num_layers} layers, KV {engine.kv_heads}x{engine.head_dim} per layer; "
+          f"prefill threads {args.prefill_threads or torch.get_num_threads()}; load {os.getloadavg()[0]:.1f}")
     rng = random.Random(args.seed)
     engine.generate(prompt(64, rng), 1)  # warm-up: first-call allocations and kernel selection
     rows = [measure(engine, n, args.cached_fraction, rng) for n in lengths]
+    print(f"load average after: {os.getloadavg()[0]:.1f} (the machine's other work slows every figure)")
     print(f"{'tokens':>7} {'cached':>7} {'cold TTFT s':>12} {'cached TTFT s':>14} {'speedup':>8}")
     for row in rows:
         print(f"{row.tokens:>7} {row.cached_tokens:>7} {row.cold_ttft_s:>12.2f} {row.warm_ttft_s:>14.2f} "

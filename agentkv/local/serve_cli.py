@@ -25,17 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="model id (default agentkv-SIZE)")
     parser.add_argument("--cache-budget-mb", type=int, default=512, help="prefix-cache budget in MiB")
     parser.add_argument("--seed", type=int, default=0, help="weight seed for a built model")
+    parser.add_argument("--prefill-threads", type=int, default=None,
+                        help="torch threads for prefill (default: torch's; 1 avoids oversubscription)")
 
 
 def _server(args: argparse.Namespace) -> Any:
     from agentkv.local.server import LocalServer
 
-    budget = args.cache_budget_mb << 20
+    engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads}
     if args.model_path:
         return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
-                                           port=args.port, cache_budget_bytes=budget)
+                                           port=args.port, **engine_kwargs)
     return LocalServer.from_size(args.size, window=args.window, model_id=args.served_model_name, port=args.port,
-                                 seed=args.seed, cache_budget_bytes=budget)
+                                 seed=args.seed, **engine_kwargs)
 
 
 def run(args: argparse.Namespace) -> int:
