@@ -14,7 +14,6 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import Counter
@@ -27,7 +26,7 @@ from agentkv.local import kv
 from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
 from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, visible_text
 from agentkv.local.limits import ContextLengthExceeded, check_length
-from agentkv.local.models import DEFAULT_WINDOWS, build_model, load_model
+from agentkv.local.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
 from agentkv.local.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
@@ -92,30 +91,6 @@ class _Counters:
     prefix_cache_hits: int = 0
 
 
-@contextlib.contextmanager
-def _intra_op_threads(count: int | None) -> Iterator[None]:
-    """Run torch ops in this thread with ``count`` intra-op threads (None: leave as is), then restore."""
-    import torch
-
-    previous = torch.get_num_threads()
-    if count is None or count == previous:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _generation_eos(model: Any) -> frozenset[int]:
-    """The EOS ids a checkpoint's generation config names (vLLM stops on these too)."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        return frozenset()
-    return frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
-
-
 class LocalEngine:
     """An in-process model with a vLLM-style prefix cache, serving one request at a time."""
 
@@ -165,7 +140,7 @@ class LocalEngine:
         """An engine over a checkpoint folder, with its own tokenizer and chat template when it has them."""
         model, tokenizer = load_model(path)
         codec: Codec = HFCodec(tokenizer) if tokenizer is not None else TiktokenCodec()
-        codec.eos_token_ids = codec.eos_token_ids | _generation_eos(model)
+        codec.eos_token_ids = codec.eos_token_ids | generation_eos_ids(model)
         return cls(model, codec, model_id=model_id or Path(path).name, **engine_kwargs)
 
     # --- shapes and tokenizers -------------------------------------------------------------------
@@ -288,7 +263,7 @@ class LocalEngine:
             if token in self.codec.eos_token_ids:
                 break
             if len(generated) < max_tokens:
-                with _intra_op_threads(self.decode_threads):
+                with intra_op_threads(self.decode_threads):
                     logits = self._forward([token], cache, prompt_len + len(generated) - 1)
         tail = detokenizer.flush()
         if tail:
@@ -301,7 +276,7 @@ class LocalEngine:
         reusable = (len(prompt) - 1) // self.block_size * self.block_size
         blocks = self.prefix_cache.match(self.prefix_cache.hashes(prompt[:reusable], salt))
         cached = len(blocks) * self.block_size
-        with torch.inference_mode(), _intra_op_threads(self.prefill_threads):
+        with torch.inference_mode(), intra_op_threads(self.prefill_threads):
             cache = kv.cache_from_blocks(blocks, self.model.config)
             logits = self._forward(prompt[cached:], cache, cached)
             self._store(prompt, cache, salt)

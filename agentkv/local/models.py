@@ -16,8 +16,9 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -98,3 +99,27 @@ def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+@contextlib.contextmanager
+def intra_op_threads(count: int | None) -> Iterator[None]:
+    """Run torch ops in this thread with ``count`` intra-op threads (None: leave as is), then restore."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if count is None or count == previous:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def generation_eos_ids(model: Any) -> frozenset[int]:
+    """The EOS ids a checkpoint's generation config names (vLLM stops on these too)."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
