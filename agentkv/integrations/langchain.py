@@ -211,8 +211,10 @@ class AgentKVRouter(Runnable[Any, BaseMessage]):
     """A chat model that sends each call to ``fast_model`` or ``slow_model`` by the Session's routing decision.
 
     The call is observed (counted, ledgered, warmed) first; a request routed to slow goes to
-    ``slow_model``, anything else to ``fast_model``; the answer's cached tokens are recorded. Tools
-    come from :meth:`bind_tools` (bound to both models) or from ``tools=``.
+    ``slow_model``, anything else to ``fast_model``; the answer's cached tokens are recorded. The tools
+    counted come from ``tools=``, :meth:`bind_tools` (which binds them to both models), or the tools
+    already bound to ``fast_model``. A request that fits only with a smaller output budget goes to
+    ``fast_model`` unchanged: a router cannot clamp another library's ``max_tokens``.
 
         router = AgentKVRouter(ChatOpenAI(base_url=fast_url), ChatOpenAI(base_url=slow_url), session)
         agent_model = router.bind_tools([search, fetch])
@@ -221,7 +223,8 @@ class AgentKVRouter(Runnable[Any, BaseMessage]):
     def __init__(self, fast_model: Runnable[Any, Any], slow_model: Runnable[Any, Any], session: Any, *,
                  tools: Sequence[Any] | None = None) -> None:
         self.fast_model, self.slow_model, self.session = fast_model, slow_model, session
-        self.tools = [convert_to_openai_tool(t) for t in tools or ()]
+        bound = getattr(fast_model, "kwargs", None) or {}  # a RunnableBinding from model.bind_tools(...)
+        self.tools = [convert_to_openai_tool(t) for t in (tools if tools is not None else bound.get("tools") or ())]
         self.last_role: str | None = None
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> "AgentKVRouter":
