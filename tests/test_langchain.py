@@ -202,9 +202,10 @@ def test_router_sends_what_fast_cannot_hold_to_the_slow_model(fresh):
 
 
 async def test_router_async_twin(fresh):
-    """The router's ainvoke routes the same way through aobserve."""
+    """The router's ainvoke routes the same way through aobserve; tools bound to the fast model are counted."""
     async with make_session(fresh) as s:
         router = AgentKVRouter(ToolChatModel(responses=[answer("fast")]), ToolChatModel(responses=[answer("slow")]), s)
         assert (await router.ainvoke(history(14))).content == "slow"
         assert (await router.ainvoke("hello")).content == "fast"
+        assert AgentKVRouter(model(), model(), s).tools == TOOLS8  # tools already bound to the fast model count
         await s.adrain_warms(30)
