@@ -160,6 +160,8 @@ class ServerSource:
                                 "add_generation_prompt": True}
         if payload.tools:
             body["tools"] = list(payload.tools)
+        if payload.tools and payload.tool_choice is not None:
+            body["tool_choice"] = payload.tool_choice  # templates may render it; vLLM ignores the field
         if payload.template_kwargs:
             body["chat_template_kwargs"] = dict(payload.template_kwargs)
         body.update(overrides)

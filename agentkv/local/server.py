@@ -26,6 +26,20 @@ from agentkv.events import emit
 from agentkv.local import routes
 from agentkv.local.engine import LocalEngine
 
+_RUNNING: dict[str, LocalEngine] = {}
+"""Engines served by running LocalServers of this process, by base URL."""
+
+
+def engine_at(api_base: str | None) -> LocalEngine | None:
+    """The in-process engine serving ``api_base`` (with or without ``/v1``), or None.
+
+    This is how a Session finds local engines to hand KV between at escalation.
+    """
+    if not api_base:
+        return None
+    base = api_base.rstrip("/")
+    return _RUNNING.get(base[: -len("/v1")] if base.endswith("/v1") else base)
+
 
 class LoggedRequest(NamedTuple):
     """One request as the server received it; ``body`` is the parsed JSON (None when absent or malformed)."""
@@ -241,12 +255,14 @@ class LocalServer:
             self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                             name=f"agentkv-serve-{self.port}", daemon=True)
             self._thread.start()
+            _RUNNING[self.base_url] = self.engine
             emit("local.server.started", model_id=self.model_id, base_url=self.base_url,
                  max_model_len=self.max_model_len)
         return self
 
     def stop(self) -> None:
         """Stop accepting requests, close open connections, join the serving thread, release the port."""
+        _RUNNING.pop(self.base_url, None)
         if self._thread is not None:
             self._httpd.shutdown()
             self._thread.join()
