@@ -37,7 +37,8 @@ import functools
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from agentkv.errors import AgentKVError, ConfigurationError
 from agentkv.session import Session

@@ -27,7 +27,8 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
@@ -51,7 +52,7 @@ class Tool:
 
     @classmethod
     def of(cls, func: Callable[..., Any], *, name: str | None = None,
-           schema: Mapping[str, Any] | None = None) -> "Tool":
+           schema: Mapping[str, Any] | None = None) -> Tool:
         schema = schema or function_schema(func, name=name)
         if not is_tool_schema(schema):
             raise ConfigurationError(f"not an OpenAI tool schema: {schema!r}")
@@ -59,8 +60,8 @@ class Tool:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(
-            getattr(self.func, "__call__", None))
+        """True for a coroutine function, or an object whose ``__call__`` is one."""
+        return inspect.iscoroutinefunction(self.func) or inspect.iscoroutinefunction(type(self.func).__call__)
 
 
 @dataclass(frozen=True)

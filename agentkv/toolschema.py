@@ -29,7 +29,8 @@ import json
 import re
 import types
 import typing
-from typing import Any, Callable, Literal, Mapping, Union
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Union
 
 from agentkv.errors import ConfigurationError
 
@@ -39,13 +40,13 @@ _BARE: dict[Any, dict[str, Any]] = {
     list: {"type": "array"}, tuple: {"type": "array"}, dict: {"type": "object"}, Any: {},
 }
 _SECTION = r"(?:Args|Arguments|Returns|Raises|Yields|Examples?|Notes?):"
-_DESCRIPTION_RE = re.compile(rf"^(.*?)[\n\s]*(?:{_SECTION}|\Z)", re.S)
-_ARGS_RE = re.compile(rf"\n\s*(?:Args|Arguments):\n(.*?)[\n\s]*(?:{_SECTION}|\Z)", re.S)
+_DESCRIPTION_RE = re.compile(rf"^(.*?)[\n\s]*(?:{_SECTION}|\Z)", re.DOTALL)
+_ARGS_RE = re.compile(rf"\n\s*(?:Args|Arguments):\n(.*?)[\n\s]*(?:{_SECTION}|\Z)", re.DOTALL)
 _ARG_RE = re.compile(
     r"(?:^|\n)([ \t]*)(\w+)(?:[ \t]*\([^()\n]*\))?:\s*(.*?)\s*(?=\n(?!\1[ \t])[ \t]*\w+(?:[ \t]*\([^()\n]*\))?:|\Z)",
-    re.S,
+    re.DOTALL,
 )
-_CHOICES_RE = re.compile(r"\(choices:\s*(.*?)\)\s*$", re.I)
+_CHOICES_RE = re.compile(r"\(choices:\s*(.*?)\)\s*$", re.IGNORECASE)
 
 
 class ToolSchemaError(ConfigurationError):

@@ -12,14 +12,15 @@ import contextlib
 import json
 import logging
 import os
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from agentkv import Backend  # noqa: E402
-from agentkv.testing import embedded_servers  # noqa: E402
+from agentkv import Backend  # noqa: E402 (after the environment is set)
+from agentkv.testing import embedded_servers  # noqa: E402 (after the environment is set)
 
 
 def parse_args(description: str) -> argparse.Namespace:

@@ -202,7 +202,7 @@ def test_generator_session_lives_for_its_steps_only(defaults):
         return "done"
 
     gen = steps(2)
-    first, s = next(gen)
+    _, s = next(gen)
     assert current_session() is None and not s.closed
     assert gen.send("ping")[1] is s
     with pytest.raises(StopIteration) as stop:
@@ -259,3 +259,13 @@ def test_against_the_embedded_server(fresh):
 
     resp, s = loop()
     assert resp.choices and s.last_route.window == 2048 and len(chat_requests(fresh["fast"])) == 1
+
+
+def test_importing_the_integration_cores_stays_cheap():
+    """The decorator, the ReAct helper and toolschema import no litellm, torch, transformers or LangChain."""
+    import subprocess
+    import sys
+
+    code = ("import sys, agentkv.decorator, agentkv.react, agentkv.toolschema; "
+            "print([m for m in ('litellm', 'torch', 'transformers', 'langchain_core') if m in sys.modules])")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
@@ -227,7 +228,7 @@ class AgentKVRouter(Runnable[Any, BaseMessage]):
         self.tools = [convert_to_openai_tool(t) for t in (tools if tools is not None else bound.get("tools") or ())]
         self.last_role: str | None = None
 
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> "AgentKVRouter":
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> AgentKVRouter:
         """Both models with ``tools`` bound, and a router that counts them."""
         return AgentKVRouter(self.fast_model.bind_tools(tools, **kwargs),  # type: ignore[attr-defined]
                              self.slow_model.bind_tools(tools, **kwargs),  # type: ignore[attr-defined]

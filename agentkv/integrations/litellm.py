@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from agentkv import _env
 from agentkv.backends import Backend
@@ -39,7 +40,7 @@ from agentkv.overflow import overflow_from_error
 from agentkv.session_parts import response_cached_tokens
 
 _env.import_litellm()  # cost map local and tiktoken offline before litellm is first imported
-from litellm.integrations.custom_logger import CustomLogger  # noqa: E402
+from litellm.integrations.custom_logger import CustomLogger  # noqa: E402 (after the environment is set)
 
 COUNTERS = ("observed", "ignored", "succeeded", "failed", "usage_recorded", "overflow_errors", "hook_errors")
 SESSION_TAG = "agentkv_session"
