@@ -1,7 +1,8 @@
 """The ``agentkv`` command line: each subcommand lives in its own module, imported only when chosen.
 
-A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``; it keeps heavy imports
-(torch, transformers, litellm) inside ``run``, so ``agentkv --help`` stays fast.
+A subcommand module exposes ``add_<name>_arguments(parser)``/``run_<name>(args)`` (or plain
+``add_arguments``/``run``); it keeps heavy imports (torch, transformers, litellm) inside the run
+function, so ``agentkv --help`` stays fast and one subcommand's import cannot break another.
 """
 
 from __future__ import annotations
@@ -20,21 +21,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentkv", description=__doc__.splitlines()[0])
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``chosen``'s module is imported to add its arguments."""
+    parser = argparse.ArgumentParser(prog="agentkv", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(module_name)
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        adder = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
-        adder(command_parser)
-        runner = getattr(module, f"run_{name}", None) or module.run
-        command_parser.set_defaults(_run=runner)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            adder = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
+            adder(command_parser)
+            command_parser.set_defaults(_run=getattr(module, f"run_{name}", None) or module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(chosen if chosen in COMMANDS else None).parse_args(argv)
     return int(args._run(args) or 0)
 
 
