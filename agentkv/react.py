@@ -97,8 +97,9 @@ def toolset(tools: Any) -> dict[str, Tool]:
     """
     if not tools:
         return {}
-    if isinstance(tools, Mapping):
-        return {name: t if isinstance(t, Tool) else Tool.of(t, name=name) for name, t in tools.items()}
+    if isinstance(tools, Mapping):  # keys name plain callables; a Tool keeps its own name
+        made = [t if isinstance(t, Tool) else Tool.of(t, name=name) for name, t in tools.items()]
+        return {tool.name: tool for tool in made}
     schemas = {s["function"]["name"]: s for s in tools if is_tool_schema(s)}
     found: dict[str, Tool] = {}
     for entry in tools:
@@ -194,9 +195,6 @@ class _Loop:
                  messages: Sequence[Mapping[str, Any]] | None, completion_kwargs: dict[str, Any]) -> None:
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
-        for key in ("messages", "tools"):
-            if key in completion_kwargs:
-                raise ValueError(f"pass {key!r} to the loop itself, not as a completion kwarg")
         self.tools = toolset(tools)
         self.max_steps = max_steps
         self.messages = opening(user_message, system, messages)

@@ -140,6 +140,7 @@ def test_explicit_schema_replaces_the_derived_one():
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
     assert toolset([add, schema])["add"].schema == schema
     assert toolset({"plus": add})["plus"].schema["function"]["name"] == "plus"
+    assert list(toolset({"ignored": Tool.of(add, schema=schema)})) == ["add"]  # a Tool keeps its own name
     with pytest.raises(ConfigurationError, match="no callable"):
         toolset([{**schema, "function": {**schema["function"], "name": "other"}}])
 

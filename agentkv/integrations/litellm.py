@@ -114,7 +114,7 @@ class AgentKVLogger(CustomLogger):
         """Before the call (sync and async calls alike): count it, fire warm-ahead when due."""
         call_id = kwargs.get("litellm_call_id")
         with self._changed:
-            if call_id in self._turns:  # a retry of a call already counted
+            if call_id is not None and call_id in self._turns:  # a retry of a call already counted
                 return
         request = observed_request(messages, kwargs)
         if request is None or not self._mine(kwargs):
@@ -125,8 +125,9 @@ class AgentKVLogger(CustomLogger):
         except Exception as exc:  # litellm would swallow it; count it and say why
             self._hook_error("pre_api_call", exc)
             return
-        with self._changed:
-            self._turns[call_id] = observation.turn
+        if call_id is not None:  # without an id its outcome cannot be matched; the ledger row stays
+            with self._changed:
+                self._turns[call_id] = observation.turn
         self._add("observed")
 
     def log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
