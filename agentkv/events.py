@@ -28,3 +28,17 @@ def digest(value: Any, length: int = 12) -> str:
 def emit(event: str, level: str = "info", **fields: Any) -> None:
     """Log one agentkv event at ``level`` with plain-data fields."""
     getattr(logger(), level)(event, **fields)
+
+
+def prompt_fields(payload: Any) -> dict[str, Any]:
+    """What an event may say about a prompt: its size and hash; its last message only when
+    ``AGENTKV_LOG_PROMPTS=1`` (off by default)."""
+    if payload is None or payload.messages is None:
+        return {}
+    messages = list(payload.messages)
+    fields: dict[str, Any] = {"messages": len(messages), "prompt_hash": digest([messages, payload.tools])}
+    from agentkv._env import log_prompts
+
+    if log_prompts() and messages:
+        fields["last_message"] = str(messages[-1].get("content"))[:500]
+    return fields

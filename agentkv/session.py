@@ -20,7 +20,7 @@ from typing import Any
 from agentkv import _env
 from agentkv.backends import Backend, WindowDiscovery, catalog_window, default_discovery
 from agentkv.errors import ConfigurationError, ContextOverflowError
-from agentkv.events import emit
+from agentkv.events import emit, prompt_fields
 from agentkv.overflow import overflow_from_error
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.retry import RetryPolicy
@@ -271,6 +271,7 @@ class Session:
             estimate=decision.estimated_input_tokens, floor=self.routing.output_floor, window=decision.window,
             max_tokens=decision.max_tokens, count_source=count.source, exact=count.exact,
             tool_tokens=count.tools, session=self.session_id, tenant=self.tenant, note=decision.note or None,
+            **prompt_fields(self._history[-1] if self._history else None),
         )
 
     # ----------------------------------------------------------------- the reactive path

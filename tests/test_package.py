@@ -60,3 +60,26 @@ def test_bad_max_tokens_is_named():
     """A non-positive max_tokens is refused before anything is sent."""
     with Session(Backend("hosted_vllm/m", window=100), client=object()) as s, pytest.raises(ValueError, match="max_tokens"):
         s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=0)
+
+
+def test_events_carry_hashes_not_prompt_text(monkeypatch):
+    """Route events carry a prompt hash and sizes; text appears only with AGENTKV_LOG_PROMPTS=1."""
+    from agentkv.testing import capture_events
+
+    secret = "the launch code is 0000"
+
+    class Echo:
+        def completion(self, **kwargs):
+            return {"choices": [{"message": {"role": "assistant", "content": "ok"}}], "usage": {}}
+
+    with Session(Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1", window=4096), client=Echo(),
+                 count_with_server=False) as s:
+        with capture_events() as quiet:
+            s.completion(messages=[{"role": "user", "content": secret}], max_tokens=4)
+        monkeypatch.setenv("AGENTKV_LOG_PROMPTS", "1")
+        with capture_events() as loud:
+            s.completion(messages=[{"role": "user", "content": secret}], max_tokens=4)
+    route = next(e for e in quiet if e["event"] == "route")
+    assert route["prompt_hash"] and route["messages"] == 1
+    assert secret not in repr(quiet)
+    assert secret in repr(loud)
