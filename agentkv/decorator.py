@@ -27,7 +27,9 @@ Rules:
   decorated with ``new=True`` or asks for a different tenant or session id.
 - **Lifetime.** Sessions a call opened are closed when it returns or raises; a generator's Session
   opens at its first step and closes when it is exhausted, closed, or raises. Between a generator's
-  steps, its caller does not see the generator's Session.
+  steps, its caller does not see the generator's Session. Closing never cancels a warm-ahead the
+  call fired (async ones included; each is bounded by its own timeout): a function that handles one
+  turn of a longer conversation (``session_id=`` per call) still pre-pays the next escalation.
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ def _coroutine(func: Callable[..., Any], spec: _Spec, signature: inspect.Signatu
         finally:
             _CURRENT.reset(token)
             if owned:
-                await current.aclose()
+                current.close()  # not aclose(): the call's warms keep running (see the module's rules)
 
     return wrapper
 
@@ -282,6 +284,6 @@ def _async_generator(func: Callable[..., Any], spec: _Spec, signature: inspect.S
                     value, step = exc, inner.athrow
         finally:
             if owned:
-                await current.aclose()
+                current.close()  # not aclose(): the call's warms keep running (see the module's rules)
 
     return wrapper

@@ -261,6 +261,28 @@ def test_against_the_embedded_server(fresh):
     assert resp.choices and s.last_route.window == 2048 and len(chat_requests(fresh["fast"])) == 1
 
 
+async def test_a_warm_fired_in_a_coroutine_outlives_the_call(fresh):
+    """Closing a decorated coroutine's Session leaves its async warm-ahead running to the slow server."""
+    from agentkv.scripted import TOOLS, ScriptedAgent
+
+    fast = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
+    slow = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")
+    agent = ScriptedAgent(result_rows=1)
+    msgs = agent.opening() + [m for _ in range(4) for m in agent.next_turn()]
+
+    @session(fast=fast, slow=slow, discovery=fresh["discovery"], cooldowns=fresh["cooldowns"],
+             in_flight=fresh["in_flight"])
+    async def turn():  # observe fires the warm as a task and returns at once, before it ran
+        await current_session().aobserve(messages=msgs, tools=TOOLS[:8], max_tokens=2)
+        return current_session()
+
+    s = await turn()
+    assert s.closed and s.stats()["warm_fired"] == 1
+    await s.adrain_warms(30)
+    assert s.stats()["warm_completed"] == 1
+    assert [b["max_tokens"] for b in chat_requests(fresh["slow"])] == [1]
+
+
 def test_importing_the_integration_cores_stays_cheap():
     """The decorator, the ReAct helper and toolschema import no litellm, torch, transformers or LangChain."""
     import subprocess
