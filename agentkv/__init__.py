@@ -10,17 +10,22 @@
 ``import agentkv`` is cheap: litellm, torch and transformers are imported where they are used.
 """
 
+from agentkv._session import Session
 from agentkv.backends import Backend, WindowDiscovery, WindowInfo, default_discovery
 from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError
 from agentkv.overflow import Overflow, overflow_from_error, parse_overflow
 from agentkv.prefix import PrefixReport
 from agentkv.retry import RetryPolicy
 from agentkv.routing import Recovery, RouteDecision, RoutePolicy, decide_route, plan_recovery
-from agentkv.session import Session
 from agentkv.stats import LedgerEntry
 from agentkv.tenancy import derive_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
+from agentkv.react import RunResult, Tool
+from agentkv.toolschema import function_schema
 from agentkv.warm import CooldownMap, WarmAheadPolicy, WarmDecision, decide_warm
+
+# Bound last: ``agentkv.session`` is the decorator (the Session class lives in ``agentkv._session``).
+from agentkv.decorator import NoSessionError, current_session, session  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -31,27 +36,33 @@ __all__ = [
     "ContextOverflowError",
     "CooldownMap",
     "LedgerEntry",
+    "NoSessionError",
     "Overflow",
     "Payload",
     "PrefixReport",
     "Recovery",
     "RetryPolicy",
     "RouteDecision",
+    "RunResult",
     "RoutePolicy",
     "Session",
     "TokenCount",
     "TokenCounter",
+    "Tool",
     "WarmAheadPolicy",
     "WarmDecision",
     "WindowDiscovery",
     "WindowInfo",
     "__version__",
+    "current_session",
     "decide_route",
     "decide_warm",
     "default_discovery",
     "derive_cache_salt",
+    "function_schema",
     "overflow_from_error",
     "parse_overflow",
     "payload_from_request",
     "plan_recovery",
+    "session",
 ]

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from agentkv.errors import AgentKVError, ConfigurationError
-from agentkv.session import Session
+from agentkv._session import Session
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,7 +94,7 @@ def session(func: Callable[..., Any] | None = None, /, *, new: bool = False, **s
     """Decorate a sync function, coroutine function, generator or async generator to run in a Session.
 
     Usable bare (``@agentkv.session``, defaults from :func:`configure`) or with any
-    :class:`~agentkv.session.Session` keyword (``@agentkv.session(fast=..., slow=..., tenant=...)``).
+    :class:`~agentkv.Session` keyword (``@agentkv.session(fast=..., slow=..., tenant=...)``).
     ``new=True`` gives the call its own Session even inside another decorated call.
     """
     _check_session_kwargs(session_kwargs, "@agentkv.session")

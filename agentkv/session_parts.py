@@ -54,7 +54,8 @@ class Observation:
 
     @property
     def fits(self) -> bool:
-        return self.decision is not None and self.decision.reason == "fits"
+        """True when the fast backend can take the request as sent (a declined reroute has a note)."""
+        return self.decision is not None and self.decision.reason == "fits" and not self.decision.note
 
 
 def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None) -> dict[str, Any]:

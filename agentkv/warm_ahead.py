@@ -101,7 +101,3 @@ class WarmAhead:
     async def adrain(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for warm tasks."""
         await self._tasks.wait(timeout_s)
-
-    def cancel_tasks(self) -> None:
-        """Cancel in-flight warm tasks (async close)."""
-        self._tasks.cancel_all()

@@ -57,10 +57,6 @@ class AsyncWarms:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def cancel_all(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-
     async def wait(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for in-flight warms (tests and benchmarks use it)."""
         if self._tasks:

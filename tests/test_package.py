@@ -14,7 +14,15 @@ EXPECTED = {
     "TokenCount", "TokenCounter", "WarmAheadPolicy", "WarmDecision", "WindowDiscovery", "WindowInfo",
     "__version__", "decide_route", "decide_warm", "default_discovery", "derive_cache_salt",
     "overflow_from_error", "parse_overflow", "payload_from_request", "plan_recovery",
+    "NoSessionError", "RunResult", "Tool", "current_session", "function_schema", "session",
 }
+
+
+def test_session_name_is_the_decorator():
+    """agentkv.session is the decorator; the Session class is agentkv.Session."""
+    import agentkv.decorator
+
+    assert agentkv.session is agentkv.decorator.session and agentkv.Session.__name__ == "Session"
 
 
 def test_exported_members_are_pinned():

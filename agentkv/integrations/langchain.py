@@ -237,11 +237,9 @@ class AgentKVRouter(Runnable[Any, BaseMessage]):
     def _request(self, input: Any) -> dict[str, Any]:
         return chat_request(_as_messages(input), {"tools": self.tools} if self.tools else None)
 
-    def _pick(self, observation: Observation) -> Runnable[Any, Any]:
-        if observation.decision is None:  # it fits no backend: refusal() says so
-            raise refusal(observation, self.session)  # type: ignore[misc]
-        self.last_role = observation.decision.role
-        return self.slow_model if self.last_role == "slow" else self.fast_model
+    def _model(self, role: str) -> Runnable[Any, Any]:
+        self.last_role = role
+        return self.slow_model if role == "slow" else self.fast_model
 
     def _record(self, observation: Observation, answer: Any) -> Any:
         cached = cached_tokens(answer, None)
@@ -250,12 +248,16 @@ class AgentKVRouter(Runnable[Any, BaseMessage]):
         return answer
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> BaseMessage:
-        observation = self.session.observe(**self._request(input))
-        return self._record(observation, self._pick(observation).invoke(input, config, **kwargs))
+        request = self._request(input)
+        role = self.session.route(**request).role  # ContextOverflowError when no backend holds it
+        observation = self.session.observe(sent_to=role, **request)
+        return self._record(observation, self._model(role).invoke(input, config, **kwargs))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> BaseMessage:
-        observation = await self.session.aobserve(**self._request(input))
-        return self._record(observation, await self._pick(observation).ainvoke(input, config, **kwargs))
+        request = self._request(input)
+        role = (await self.session.aroute(**request)).role
+        observation = await self.session.aobserve(sent_to=role, **request)
+        return self._record(observation, await self._model(role).ainvoke(input, config, **kwargs))
 
 
 def _as_messages(input: Any) -> list[BaseMessage]:

@@ -105,8 +105,8 @@ class Session:
         self.closed = True
 
     async def aclose(self) -> None:
-        """Async close: cancels this Session's in-flight warm tasks."""
-        self._warm.cancel_tasks()
+        """Async close. In-flight warm tasks run on, bounded by their timeout: a warm fired on the last
+        turn of a call is exactly the one the next call wants."""
         self.close()
 
     # ----------------------------------------------------------------- public API
@@ -164,24 +164,26 @@ class Session:
 
         return await arun_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
 
-    def observe(self, **kwargs: Any) -> Observation:
+    def observe(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
         """Account a request sent outside the Session (a LangChain callback, a litellm logger).
 
-        The request is counted and recorded in the ledger, and warm-ahead fires when due; nothing else
-        is sent. The returned :class:`Observation` says whether fast can take the request as it is.
+        The request is counted and recorded in the ledger (as sent to ``sent_to``, "fast" or "slow"),
+        and warm-ahead fires when due; nothing else is sent. The returned :class:`Observation` says
+        whether fast can take the request as it is.
         """
         payload = self._open_request(kwargs)
         for backend in self._backends():
             self.discovery.window(backend)
-        return self._observed(kwargs, payload, self.counters[self.fast.label].count(payload), asynchronous=False)
+        count = self.counters[self.fast.label].count(payload)
+        return self._observed(kwargs, payload, count, sent_to=sent_to, asynchronous=False)
 
-    async def aobserve(self, **kwargs: Any) -> Observation:
+    async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
         """The async twin of :meth:`observe` (warms run as tasks)."""
         payload = self._open_request(kwargs)
         for backend in self._backends():
             await self.discovery.aprefetch(backend)
         count = await self.counters[self.fast.label].acount(payload)
-        return self._observed(kwargs, payload, count, asynchronous=True)
+        return self._observed(kwargs, payload, count, sent_to=sent_to, asynchronous=True)
 
     def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
         """Attach a response's cached-token count to an observed ledger turn."""
@@ -191,27 +193,44 @@ class Session:
         self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
         self._stats.add("cached_tokens_total", cached_tokens or 0)
 
-    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, *,
+    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, *, sent_to: str,
                   asynchronous: bool) -> Observation:
+        if sent_to not in ("fast", "slow") or (sent_to == "slow" and self.slow is None):
+            raise ValueError(f"sent_to must be 'fast' or 'slow' (with a slow backend), got {sent_to!r}")
         fast, slow = self._targets()
         try:
-            decision: RouteDecision | None = decide_route(
-                route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
-                fast=fast, slow=slow, policy=self.routing, count_source=count.source)
+            decision: RouteDecision | None = self._decide(kwargs, count)
         except ContextOverflowError:
             decision = None
-        as_sent = RouteDecision(fast.name, "fast", "fits", count.total, fast.window, _max_tokens(kwargs), count.source)
-        attempt = Attempt(as_sent, self.fast, kwargs, payload, count, self.cache_salt)
+        target = fast if sent_to == "fast" else slow
+        as_sent = RouteDecision(target.name, sent_to, "fits", count.total, target.window, _max_tokens(kwargs),  # type: ignore[arg-type]
+                                count.source)
+        attempt = Attempt(as_sent, self._backend(sent_to), kwargs, payload, count, self.cache_salt)
         self._maybe_warm(attempt, kwargs, asynchronous)
         self._stats.add("observed_requests")
         entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
-                            count.exact, self.fast.label, "observed", attempt.warm)
+                            count.exact, target.name, "observed", attempt.warm)
         self.ledger.append(entry)
         return Observation(entry.turn, count, decision, fast.window, attempt.warm)
 
     def stats(self) -> dict[str, Any]:
         """Plain dict of counters: requests per backend, routes, clamps, fallbacks, warms, cached tokens."""
         return self._stats.snapshot()
+
+    def route(self, **kwargs: Any) -> RouteDecision:
+        """The route this Session would choose for a request, sending and recording nothing.
+
+        Raises :class:`ContextOverflowError` when no backend can hold it.
+        """
+        for backend in self._backends():
+            self.discovery.window(backend)
+        return self._decide(kwargs, self.counters[self.fast.label].count(payload_from_request(kwargs)))
+
+    async def aroute(self, **kwargs: Any) -> RouteDecision:
+        """The async twin of :meth:`route`."""
+        for backend in self._backends():
+            await self.discovery.aprefetch(backend)
+        return self._decide(kwargs, await self.counters[self.fast.label].acount(payload_from_request(kwargs)))
 
     def count(self, **kwargs: Any) -> TokenCount:
         """Count a request as the fast backend will receive it, without sending anything."""
@@ -246,13 +265,14 @@ class Session:
             slow = replace(slow, usable=False, why_unusable=why)
         return fast, slow
 
-    def _plan(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount) -> Attempt:
+    def _decide(self, kwargs: dict[str, Any], count: TokenCount) -> RouteDecision:
         fast, slow = self._targets()
+        return decide_route(route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
+                            fast=fast, slow=slow, policy=self.routing, count_source=count.source)
+
+    def _plan(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount) -> Attempt:
         try:
-            decision = decide_route(
-                route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
-                fast=fast, slow=slow, policy=self.routing, count_source=count.source,
-            )
+            decision = self._decide(kwargs, count)
         except ContextOverflowError:
             self._stats.add("slow_overflow_refusals")
             raise
