@@ -59,3 +59,40 @@ def embedded_servers(
     slow = LocalServer.from_size(slow_size, window=slow_window, **server_kwargs)
     with fast, slow:
         yield fast, slow
+
+
+class ScriptedReplies:
+    """A litellm-compatible client for agent tests whose model has random weights.
+
+    Each request goes out for real through litellm (token counts, windows, cache hits stay real);
+    then the reply's message is replaced by the script's next step: a string is a final answer, a list
+    of ``(name, json_arguments)`` pairs is a turn of tool calls. Warm-ahead requests (``max_tokens=1``)
+    and requests past the end of the script pass through untouched.
+
+        client = ScriptedReplies([[("search", '{"q": "disk"}')], "It was compaction."])
+        Session(fast, slow, client=client).run("why?", tools={"search": search})
+    """
+
+    def __init__(self, script: list[Any]) -> None:
+        from agentkv._env import import_litellm
+
+        self.litellm = import_litellm()
+        self.script = list(script)
+
+    def _replace(self, response: Any, kwargs: dict[str, Any]) -> Any:
+        if kwargs.get("max_tokens") == 1 or not self.script:
+            return response
+        step = self.script.pop(0)
+        if isinstance(step, str):
+            response.choices[0].message = self.litellm.Message(content=step)
+        else:
+            response.choices[0].message = self.litellm.Message(content="", tool_calls=[
+                {"id": f"call_{len(self.script)}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                for i, (n, a) in enumerate(step)])
+        return response
+
+    def completion(self, **kwargs: Any) -> Any:
+        return self._replace(self.litellm.completion(**kwargs), kwargs)
+
+    async def acompletion(self, **kwargs: Any) -> Any:
+        return self._replace(await self.litellm.acompletion(**kwargs), kwargs)

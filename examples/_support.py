@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agentkv import Backend  # noqa: E402 (after the environment is set)
-from agentkv.testing import embedded_servers  # noqa: E402 (after the environment is set)
+from agentkv.testing import ScriptedReplies, embedded_servers  # noqa: E402 (after the environment is set)
 
 
 def parse_args(description: str) -> argparse.Namespace:
@@ -66,36 +66,8 @@ def tool_call(name: str, **arguments: Any) -> list[tuple[str, str]]:
     return [(name, json.dumps(arguments))]
 
 
-class ScriptedModel:
-    """A litellm-compatible client: sends each request for real, then replaces the reply with the script's next turn.
-
-    A script entry is a final answer (a string) or tool calls (a list of ``(name, json_arguments)``).
-    Warm-ahead requests (``max_tokens=1``) pass through untouched.
-    """
-
-    def __init__(self, script: list[Any]) -> None:
-        import litellm
-
-        self.litellm = litellm
-        self.script = list(script)
-
-    def _replace(self, response: Any, kwargs: dict[str, Any]) -> Any:
-        if kwargs.get("max_tokens") == 1 or not self.script:
-            return response
-        step = self.script.pop(0)
-        if isinstance(step, str):
-            response.choices[0].message = self.litellm.Message(content=step)
-        else:
-            response.choices[0].message = self.litellm.Message(content="", tool_calls=[
-                {"id": f"call_{len(self.script)}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                for i, (n, a) in enumerate(step)])
-        return response
-
-    def completion(self, **kwargs: Any) -> Any:
-        return self._replace(self.litellm.completion(**kwargs), kwargs)
-
-    async def acompletion(self, **kwargs: Any) -> Any:
-        return self._replace(await self.litellm.acompletion(**kwargs), kwargs)
+ScriptedModel = ScriptedReplies
+"""Sends each request for real, then swaps in the script's next turn (see :class:`agentkv.testing.ScriptedReplies`)."""
 
 
 def print_ledger(session: Any) -> None:

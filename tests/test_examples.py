@@ -14,6 +14,7 @@ EXPECTED = {
     "decorator_loop": r"decorator_loop: \d+ model calls, routes fast( fast)* slow, session closed=True",
     "langchain_agent": r"langchain_agent: handler counters \{'observed': \d+, 'blocked': 1,.*router's last route slow",
     "litellm_hook": r"litellm_hook: \d+ calls observed; the escalated call to slow had [1-9]\d* of \d+ prompt tokens",
+    "handoff_local": r"handoff_local: mapped_tokens=[1-9]\d* handoff_fallbacks=0",
 }
 
 

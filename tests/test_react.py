@@ -7,6 +7,7 @@ import pytest
 
 from agentkv import Backend, ConfigurationError, Session
 from agentkv.react import Tool, arun_loop, assistant_message, resolve, run_loop, tool_calls, toolset
+from agentkv.testing import ScriptedReplies
 from agentkv.toolschema import function_schema
 from conftest import chat_requests
 
@@ -173,31 +174,6 @@ def test_response_parsing_fills_missing_ids_and_dict_arguments():
     assert tool.name == "add" and arguments == {"a": 1, "b": 2}
 
 
-class LitellmScript:
-    """Sends every request through real litellm to the embedded server, then swaps in scripted tool calls.
-
-    Warm-ahead requests (``max_tokens=1``) pass through untouched.
-    """
-
-    def __init__(self, turns):
-        import litellm
-
-        self.litellm, self.turns = litellm, list(turns)
-
-    def completion(self, **kwargs):
-        response = self.litellm.completion(**kwargs)
-        if kwargs.get("max_tokens") == 1:
-            return response
-        step = self.turns.pop(0)
-        if isinstance(step, str):
-            response.choices[0].message = self.litellm.Message(content=step)
-        else:
-            response.choices[0].message = self.litellm.Message(content="", tool_calls=[
-                {"id": f"call_{len(self.turns)}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                for i, (n, a) in enumerate(step)])
-        return response
-
-
 def test_loop_escalates_to_slow_as_tool_results_grow(fresh):
     """Against the embedded servers, a loop whose tool results outgrow fast is routed to slow mid-run, onto a warm prefix."""
     def fetch_logs(host: str) -> str:
@@ -211,7 +187,7 @@ def test_loop_escalates_to_slow_as_tool_results_grow(fresh):
 
     fast = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
     slow = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")
-    client = LitellmScript([calls(("fetch_logs", {"host": f"st-{i}"})) for i in range(3)] + ["It was compaction."])
+    client = ScriptedReplies([calls(("fetch_logs", {"host": f"st-{i}"})) for i in range(3)] + ["It was compaction."])
     with Session(fast, slow, client=client, discovery=fresh["discovery"], cooldowns=fresh["cooldowns"],
                  in_flight=fresh["in_flight"], session_id=fresh["session_id"]) as s:
         result = s.run("Why is eu-west slow?", [fetch_logs], max_steps=8, max_tokens=2)

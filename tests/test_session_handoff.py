@@ -1,7 +1,6 @@
 """A Session that escalates between in-process engines hands the KV prefix over through a mapper."""
 
 import pytest
-import torch
 
 from agentkv import Backend, Session, WindowDiscovery
 from agentkv.handoff import CalibrationConfig, calibrate

@@ -1,12 +1,10 @@
 """The Session end to end: real litellm over real HTTP to embedded vLLM-compatible servers."""
 
-import asyncio
 import copy
-import json
 
 import pytest
 
-from agentkv import Backend, ContextOverflowError, RoutePolicy, Session, WindowDiscovery
+from agentkv import Backend, ContextOverflowError, Session, WindowDiscovery
 from agentkv.scripted import TOOLS, ScriptedAgent
 from agentkv.testing import FakeClock, capture_events
 from agentkv.tokens import TemplateSource, TokenCount, TokenCounter

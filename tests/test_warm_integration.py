@@ -1,6 +1,5 @@
 """Warm-ahead against the embedded servers: firing, hits, guards, tenants and prefix diagnostics."""
 
-import asyncio
 import copy
 
 from agentkv import Backend, Session
