@@ -231,6 +231,14 @@ class LocalEngine:
             _, cached, logits = self._prefill(prompt, cache_salt)
         return logits, cached
 
+    def quiesce(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the request in flight, then hold the engine so no other starts.
+
+        For interpreter exit: torch work cut off by finalization can abort the process. Returns False
+        when the request in flight did not finish in time.
+        """
+        return self._lock.acquire(timeout=timeout_s)
+
     def _run(self, prompt: list[int], max_tokens: int, salt: str | None, sampler: Sampler
              ) -> Iterator[Delta | Generation]:
         with self._lock:

@@ -14,6 +14,7 @@ Usage::
 
 from __future__ import annotations
 
+import atexit
 import socket
 import threading
 import time
@@ -28,6 +29,13 @@ from agentkv.local.engine import LocalEngine
 
 _RUNNING: dict[str, LocalEngine] = {}
 """Engines served by running LocalServers of this process, by base URL."""
+
+
+@atexit.register
+def _quiesce_at_exit(timeout_s: float = 60.0) -> None:
+    """Let in-flight requests (a warm-ahead, say) finish before the interpreter tears torch down."""
+    for engine in list(_RUNNING.values()):
+        engine.quiesce(timeout_s)
 
 
 def engine_at(api_base: str | None) -> LocalEngine | None:
