@@ -97,3 +97,38 @@ def test_salt_is_hmac_of_tenant_and_added_without_mutation():
     call = with_cache_salt({"extra_body": extra}, "salt")
     assert call["extra_body"] == {"chat_template_kwargs": {"x": 1}, "cache_salt": "salt"}
     assert extra == {"chat_template_kwargs": {"x": 1}}
+
+
+def test_a_thousand_sessions_across_eight_threads_keep_the_shared_map_bounded():
+    """1,000 real Sessions on 8 threads, each firing a warm, leave the shared cooldown map at <= 256 entries."""
+    from agentkv import Backend, Session, WindowDiscovery
+    from agentkv.warm import InFlightLimit
+
+    class Instant:
+        def completion(self, **kwargs):
+            return {"choices": [{"message": {"role": "assistant", "content": ""}}], "usage": {}}
+
+    shared = CooldownMap(maxsize=256)
+    discovery = WindowDiscovery(http_get=lambda url: {"data": [{"id": "big", "max_model_len": 100_000}]})
+    fast = Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", name="fast", window=1000)
+    slow = Backend("hosted_vllm/big", api_base="http://127.0.0.1:8/v1", name="slow")
+    message = [{"role": "user", "content": "word " * 700}]
+    fired, errors = [], []
+
+    def work(t):
+        try:
+            for i in range(125):
+                s = Session(fast, slow, tenant=f"tenant-{t}", session_id=f"s-{i}", cooldowns=shared, client=Instant(),
+                            discovery=discovery, in_flight=InFlightLimit(10_000), count_with_server=False)
+                fired.append(s.observe(messages=message).warm)
+                s.drain_warms(10)
+        except Exception as exc:  # pragma: no cover - the assertion below reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:1]
+    assert fired.count("fire") == 1000 and shared.size() <= 256
