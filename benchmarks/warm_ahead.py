@@ -2,7 +2,7 @@
 
 The same scripted conversation runs twice on the embedded servers (fast: small model, 16384-token
 window; slow: large model, 32768-token window): once with warm-ahead, once cold (warm-ahead off and
-another tenant's cache_salt). Each turn adds about 2K tokens of tool output; the user's think time
+another tenant's cache_salt). Each turn adds about 1K tokens of tool output (--rows); the user's think time
 between turns (150 s) is told to the cooldown clock rather than slept, and any warm fired in a turn is
 allowed to finish before the next turn, as it would during real think time.
 
@@ -22,7 +22,7 @@ from agentkv.demo import DemoConfig, run_both
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast-window", type=int, default=16384)
-    parser.add_argument("--rows", type=int, default=30, help="tool-result rows per turn (~70 tokens each)")
+    parser.add_argument("--rows", type=int, default=15, help="tool-result rows per turn (~70 tokens each)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     config = DemoConfig(fast_window=args.fast_window, slow_window=2 * args.fast_window, result_rows=args.rows,
