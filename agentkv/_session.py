@@ -21,7 +21,7 @@ from agentkv import _env
 from agentkv.backends import Backend, WindowDiscovery, catalog_window, default_discovery
 from agentkv.errors import ConfigurationError, ContextOverflowError
 from agentkv.events import emit, prompt_fields
-from agentkv.overflow import overflow_from_error
+from agentkv.overflow import Overflow, overflow_from_error
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, Target, decide_route, plan_recovery
@@ -130,7 +130,8 @@ class Session:
             try:
                 response = self.retry.call(lambda: self.client.completion(**call))
             except Exception as error:
-                attempt = self._recover(attempt, error, self._exact_prompt(attempt))
+                overflow = _overflow_or_reraise(error)
+                attempt = self._recover(attempt, error, overflow, self._exact_prompt(attempt))
                 continue
             return self._finish(attempt, response)
 
@@ -148,7 +149,8 @@ class Session:
             try:
                 response = await self.retry.acall(lambda: self.client.acompletion(**call))
             except Exception as error:
-                attempt = self._recover(attempt, error, await self._aexact_prompt(attempt))
+                overflow = _overflow_or_reraise(error)
+                attempt = self._recover(attempt, error, overflow, await self._aexact_prompt(attempt))
                 continue
             return self._finish(attempt, response)
 
@@ -295,10 +297,7 @@ class Session:
         )
 
     # ----------------------------------------------------------------- the reactive path
-    def _recover(self, attempt: Attempt, error: Exception, exact_prompt: int | None) -> Attempt:
-        overflow = overflow_from_error(error)
-        if overflow is None:
-            raise error
+    def _recover(self, attempt: Attempt, error: Exception, overflow: Overflow, exact_prompt: int | None) -> Attempt:
         self._stats.add("overflow_errors")
         window = self.discovery.window(attempt.backend).window
         if overflow.max_context and overflow.max_context != window:
@@ -432,6 +431,14 @@ class Session:
     async def adrain_warms(self, timeout_s: float = 30.0) -> None:
         """Wait up to ``timeout_s`` for this Session's async warm tasks (tests, benchmarks, demos)."""
         await self._warm.adrain(timeout_s)
+
+
+def _overflow_or_reraise(error: Exception) -> Overflow:
+    """The overflow an error reports; any other error propagates untouched."""
+    overflow = overflow_from_error(error)
+    if overflow is None:
+        raise error
+    return overflow
 
 
 def _max_tokens(kwargs: dict[str, Any]) -> int | None:
