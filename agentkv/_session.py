@@ -24,13 +24,15 @@ from agentkv.events import emit, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.retry import RetryPolicy
-from agentkv.routing import RouteDecision, RoutePolicy, Target, decide_route, plan_recovery
+from agentkv.routing import (
+    RouteDecision, RoutePolicy, Target, check_fits_slow, decide_route, plan_recovery, slow_budget,
+)
 from agentkv.session_handoff import Handoff
 from agentkv.session_parts import Attempt, Observation, StreamWatcher, response_cached_tokens, warm_kwargs
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
-from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, default_cooldowns, default_in_flight
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, shared_cooldowns, shared_in_flight
 from agentkv.warm_ahead import WarmAhead
 
 
@@ -82,8 +84,9 @@ class Session:
         self.last_route: RouteDecision | None = None
         self._previous_role: str | None = None
         self._history: list[Payload] = []
-        self._warm = WarmAhead(warm_ahead, (cooldowns or default_cooldowns()).for_tenant(tenant),
-                               in_flight or default_in_flight(), self._stats, lambda: self.client,
+        cooldowns = cooldowns or shared_cooldowns(warm_ahead.max_sessions, warm_ahead.cooldown_s)
+        self._warm = WarmAhead(warm_ahead, cooldowns.for_tenant(tenant),
+                               in_flight or shared_in_flight(warm_ahead.max_in_flight), self._stats, lambda: self.client,
                                session_id=self.session_id, tenant=tenant)
         self.closed = False
 
@@ -131,7 +134,7 @@ class Session:
                 response = self.retry.call(lambda: self.client.completion(**call))
             except Exception as error:
                 overflow = _overflow_or_reraise(error)
-                attempt = self._recover(attempt, error, overflow, self._exact_prompt(attempt))
+                attempt = self._recover(attempt, error, overflow, self._recount(attempt))
                 continue
             return self._finish(attempt, response)
 
@@ -150,7 +153,7 @@ class Session:
                 response = await self.retry.acall(lambda: self.client.acompletion(**call))
             except Exception as error:
                 overflow = _overflow_or_reraise(error)
-                attempt = self._recover(attempt, error, overflow, await self._aexact_prompt(attempt))
+                attempt = self._recover(attempt, error, overflow, await self._arecount(attempt))
                 continue
             return self._finish(attempt, response)
 
@@ -297,15 +300,16 @@ class Session:
         )
 
     # ----------------------------------------------------------------- the reactive path
-    def _recover(self, attempt: Attempt, error: Exception, overflow: Overflow, exact_prompt: int | None) -> Attempt:
+    def _recover(self, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount) -> Attempt:
+        """``count``: the failed backend's own count of the request (exact where it can be)."""
         self._stats.add("overflow_errors")
         window = self.discovery.window(attempt.backend).window
         if overflow.max_context and overflow.max_context != window:
             self.discovery.correct(attempt.backend, overflow.max_context)
         _, slow = self._targets()
         plan = plan_recovery(
-            overflow, role=attempt.decision.role, exact_prompt_tokens=exact_prompt,
-            requested_max_tokens=attempt.decision.max_tokens, known_window=window,
+            overflow, role=attempt.decision.role, exact_prompt_tokens=count.total if count.exact else None,
+            requested_max_tokens=attempt.decision.max_tokens, known_window=window, safe_prompt_tokens=count.safe,
             already_clamped=attempt.reactive_clamped, slow_usable=slow.usable and attempt.decision.role == "fast",
             policy=self.routing,
         )
@@ -328,23 +332,24 @@ class Session:
                                estimated_input_tokens=estimate)
             self._log_route(decision, attempt.count)
             return replace(attempt, decision=decision, reactive_clamped=True)
-        decision = RouteDecision(slow.name, "slow", "reactive_escalate", estimate, slow.window,
-                                 _max_tokens(attempt.kwargs), attempt.count.source)
+        fast_target, _ = self._targets()
+        check_fits_slow(estimate, fast_target, slow, self.routing, _max_tokens(attempt.kwargs))
+        budget = slow_budget(_max_tokens(attempt.kwargs), max(attempt.count.safe, estimate), estimate, slow.window)
+        decision = RouteDecision(slow.name, "slow", "reactive_escalate", estimate, slow.window, budget,
+                                 attempt.count.source)
         self._log_route(decision, attempt.count)
         return replace(attempt, decision=decision, backend=self._backend("slow"), reactive_clamped=False)
 
-    def _exact_prompt(self, attempt: Attempt) -> int | None:
-        if attempt.count.exact:
-            return attempt.count.total
-        counter = self.counters[attempt.backend.label]
-        exact = counter.count(attempt.payload)
-        return exact.total if exact.exact else None
+    def _recount(self, attempt: Attempt) -> TokenCount:
+        """The failed backend's count of the request: fast's exact count is reused, others are asked."""
+        if attempt.count.exact and attempt.backend is self.fast:
+            return attempt.count
+        return self.counters[attempt.backend.label].count(attempt.payload)
 
-    async def _aexact_prompt(self, attempt: Attempt) -> int | None:
-        if attempt.count.exact:
-            return attempt.count.total
-        exact = await self.counters[attempt.backend.label].acount(attempt.payload)
-        return exact.total if exact.exact else None
+    async def _arecount(self, attempt: Attempt) -> TokenCount:
+        if attempt.count.exact and attempt.backend is self.fast:
+            return attempt.count
+        return await self.counters[attempt.backend.label].acount(attempt.payload)
 
     # ----------------------------------------------------------------- completion bookkeeping
     def _finish(self, attempt: Attempt, response: Any) -> Any:
@@ -418,8 +423,8 @@ class Session:
             routed_role=attempt.decision.role, model_known=self.discovery.served_model_known(self.slow),
         )
         if attempt.warm == "fire":
-            call = warm_kwargs(self.slow, kwargs, self.cache_salt, self.warm_ahead.timeout_s)
-            (self._warm.fire_async if asynchronous else self._warm.fire_sync)(call)
+            self._warm.fire(lambda: warm_kwargs(self.slow, kwargs, self.cache_salt, self.warm_ahead.timeout_s),
+                            asynchronous=asynchronous)
 
     def drain_warms(self, timeout_s: float = 30.0) -> bool:
         """Wait up to ``timeout_s`` for this Session's threaded warms; True when none is left in flight.
@@ -442,7 +447,9 @@ def _overflow_or_reraise(error: Exception) -> Overflow:
 
 
 def _max_tokens(kwargs: dict[str, Any]) -> int | None:
-    value = kwargs.get("max_tokens", kwargs.get("max_completion_tokens"))
+    """The output budget the server will obey: ``max_completion_tokens``, else ``max_tokens`` (as vLLM)."""
+    value = kwargs.get("max_completion_tokens")
+    value = kwargs.get("max_tokens") if value is None else value
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"max_tokens must be a positive int, got {value!r}")
     return value

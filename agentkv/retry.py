@@ -24,10 +24,10 @@ _TRANSIENT_NAMES = {
 
 
 def is_transient(error: BaseException) -> bool:
-    """True for 429, 5xx, timeouts and connection errors; False for every other error."""
+    """True for 408, 429, 5xx, timeouts and connection errors; False for every other error."""
     code = getattr(error, "status_code", None)
     if isinstance(code, int):
-        return code == 429 or code >= 500
+        return code in (408, 429) or code >= 500
     names = {cls.__name__ for cls in type(error).__mro__}
     return bool(names & _TRANSIENT_NAMES) or isinstance(error, (TimeoutError, ConnectionError))
 

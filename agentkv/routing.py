@@ -80,6 +80,9 @@ def decide_route(
 ) -> RouteDecision:
     """Route before failing: fast when input and output fit, a clamp when only the input fits, else slow.
 
+    The output floor applies even when ``max_tokens`` is smaller: it is the margin that absorbs count
+    error and keeps a turn from landing on fast with no room to answer.
+
     ``route_tokens`` is the count used to choose a backend (an under-estimate at worst: a borderline
     turn stays on fast and the reactive path catches it); ``safe_tokens`` is used to clamp the output
     budget (an over-estimate at worst). Raises :class:`ContextOverflowError` when not even slow holds it.
@@ -101,7 +104,7 @@ def _to_slow(base: RouteDecision, fast: Target, slow: Target, policy: RoutePolic
     if not slow.usable:
         return replace(base, note=f"not rerouted to {slow.name!r}: {slow.why_unusable}")
     check_fits_slow(base.estimated_input_tokens, fast, slow, policy, base.max_tokens)
-    max_tokens = _slow_budget(base.max_tokens, safe_tokens, base.estimated_input_tokens, slow.window)
+    max_tokens = slow_budget(base.max_tokens, safe_tokens, base.estimated_input_tokens, slow.window)
     return replace(base, backend=slow.name, role="slow", reason="proactive", window=slow.window, max_tokens=max_tokens)
 
 
@@ -116,7 +119,8 @@ def check_fits_slow(route_tokens: int, fast: Target, slow: Target, policy: Route
         )
 
 
-def _slow_budget(max_tokens: int | None, safe_tokens: int, route_tokens: int, window: int | None) -> int | None:
+def slow_budget(max_tokens: int | None, safe_tokens: int, route_tokens: int, window: int | None) -> int | None:
+    """``max_tokens`` clamped to what the slow window holds after the (safe) input count."""
     if max_tokens is None or window is None or safe_tokens + max_tokens <= window:
         return max_tokens
     room = window - safe_tokens
@@ -144,15 +148,18 @@ def plan_recovery(
     already_clamped: bool,
     slow_usable: bool,
     policy: RoutePolicy = RoutePolicy(),
+    safe_prompt_tokens: int | None = None,
 ) -> Recovery:
     """Clamp and retry once when the real prompt leaves ``min_output``; otherwise escalate (or give up).
 
     The real prompt comes from an exact count, or from the server's message when it states the real
-    length; the "at least" wording's threshold is never used as a prompt length.
+    length, or else from our own over-estimate (``safe_prompt_tokens``); the "at least" wording's
+    threshold is never used as a prompt length.
     """
     window = overflow.max_context or known_window
     corrected = overflow.max_context if overflow.max_context and overflow.max_context != known_window else None
     prompt = exact_prompt_tokens if exact_prompt_tokens is not None else _stated_prompt(overflow)
+    prompt = prompt if prompt is not None else safe_prompt_tokens
     room = None if prompt is None or window is None else window - prompt
     if room is not None and room >= policy.min_output and not already_clamped:
         budget = room if requested_max_tokens is None else min(room, requested_max_tokens)

@@ -17,7 +17,8 @@ from agentkv.tenancy import with_cache_salt
 from agentkv.tokens import Payload, TokenCount
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
-PROMPT_KEYS = ("messages", "tools", "tool_choice", "chat_template_kwargs", "extra_body", "functions")
+PROMPT_KEYS = ("messages", "tools", "tool_choice", "functions", "chat_template", "chat_template_kwargs",
+               "add_generation_prompt", "continue_final_message", "documents", "reasoning_effort", "extra_body")
 _ADDRESS_KEYS = ("model", "api_base", "base_url", "api_key")
 
 
@@ -59,17 +60,28 @@ class Observation:
 
 
 def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None) -> dict[str, Any]:
-    """The caller's kwargs addressed to ``backend``: copies, never the caller's own objects.
+    """The caller's kwargs addressed to ``backend``; the caller's own objects are never edited.
 
-    Messages and tools are passed whole, in order. ``max_tokens`` replaces the caller's budget only
-    when routing clamped it (the caller's key, ``max_tokens`` or ``max_completion_tokens``, is kept).
+    Messages and tools go whole and in order, as copies (litellm may edit them in place); every other
+    value is passed through as it is. ``max_tokens`` replaces the caller's budget only when routing
+    clamped it, in every budget key the caller set (vLLM obeys ``max_completion_tokens`` first).
     """
-    call = {k: copy.deepcopy(v) for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
+    call = {k: v for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
+    for key in ("messages", "tools"):
+        if call.get(key) is not None:
+            call[key] = _copied(call[key])
     call.update(backend.litellm_kwargs())
     if max_tokens is not None:
-        key = "max_completion_tokens" if "max_completion_tokens" in kwargs and "max_tokens" not in kwargs else "max_tokens"
-        call[key] = max_tokens
+        keys = [k for k in ("max_tokens", "max_completion_tokens") if kwargs.get(k) is not None] or ["max_tokens"]
+        call.update({key: max_tokens for key in keys})
     return with_cache_salt(call, salt if backend.api_base else None)
+
+
+def _copied(value: Any) -> Any:
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # an uncopyable object inside a message: pass a copy of the list, not the caller's
+        return list(value)
 
 
 def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float) -> dict[str, Any]:

@@ -27,12 +27,17 @@ def derive_cache_salt(secret: str | bytes, tenant: str) -> str:
 def with_cache_salt(kwargs: Mapping[str, Any], salt: str | None) -> dict[str, Any]:
     """A copy of litellm kwargs whose ``extra_body`` carries ``cache_salt`` (the caller's dicts untouched).
 
-    A salt the caller already put in ``extra_body`` is kept: nothing the user sent is replaced.
+    The tenant's salt wins over one found in ``extra_body``: request bodies can carry end-user input,
+    and a salt from there would let one tenant read another's cached blocks. A replaced salt is logged.
     """
     out = dict(kwargs)
     if salt is None:
         return out
     extra = dict(out.get("extra_body") or {})
-    extra.setdefault("cache_salt", salt)
+    if extra.get("cache_salt") not in (None, salt):
+        from agentkv.events import emit
+
+        emit("cache_salt_replaced", level="warning", reason="the tenant's salt overrides extra_body.cache_salt")
+    extra["cache_salt"] = salt
     out["extra_body"] = extra
     return out

@@ -13,11 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from cachetools import TTLCache
 
-from agentkv._defaults import process_default
 from agentkv.errors import ConfigurationError
 
 WarmOutcome = Literal[
@@ -160,5 +159,32 @@ class InFlightLimit:
         self._slots.release()
 
 
-default_cooldowns = process_default(CooldownMap, "The process-wide cooldown map (256 entries, 5 minutes).")
-default_in_flight = process_default(InFlightLimit, "The process-wide in-flight bound (4 warms).")
+_SHARED: dict[tuple[Any, ...], Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    with _SHARED_LOCK:
+        if key not in _SHARED:
+            _SHARED[key] = make()
+        return _SHARED[key]
+
+
+def shared_cooldowns(maxsize: int = 256, ttl_s: float = 300.0) -> CooldownMap:
+    """The process-wide cooldown map for these settings: Sessions with equal policies share one."""
+    return _shared(("cooldowns", maxsize, ttl_s), lambda: CooldownMap(maxsize, ttl_s))
+
+
+def shared_in_flight(limit: int = 4) -> InFlightLimit:
+    """The process-wide in-flight bound for this limit."""
+    return _shared(("in_flight", limit), lambda: InFlightLimit(limit))
+
+
+def default_cooldowns() -> CooldownMap:
+    """The process-wide cooldown map (256 entries, 5 minutes)."""
+    return shared_cooldowns()
+
+
+def default_in_flight() -> InFlightLimit:
+    """The process-wide in-flight bound (4 warms)."""
+    return shared_in_flight()

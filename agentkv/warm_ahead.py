@@ -58,6 +58,16 @@ class WarmAhead:
             return "cooldown"
         return "fire"
 
+    def fire(self, build: Callable[[], dict[str, Any]], *, asynchronous: bool) -> None:
+        """Build the warm request and send it; a failure to build is counted, never raised."""
+        try:
+            call = build()
+        except Exception as exc:  # a warm never raises into the caller
+            self._in_flight.release()
+            self._failed(exc)
+            return
+        (self.fire_async if asynchronous else self.fire_sync)(call)
+
     def fire_sync(self, call: dict[str, Any]) -> None:
         """Send ``call`` on a daemon worker thread, in a copy of the caller's context."""
         done = threading.Event()

@@ -244,3 +244,46 @@ def test_catalogued_cloud_slow_takes_the_overflow(fresh):
         s.completion(messages=big, tools=tools, max_tokens=4)
     assert s.last_route.backend == "cloud" and s.last_route.window and s.last_route.window > 100_000
     assert len(client.calls) == 1 and "extra_body" not in client.calls[0] and client.calls[0]["model"] == "gpt-4o"
+
+
+@pytest.mark.parametrize("budget", [{"max_completion_tokens": 600}, {"max_tokens": None, "max_completion_tokens": 600},
+                                    {"max_tokens": 600, "max_completion_tokens": 600}])
+def test_clamp_honours_max_completion_tokens(fresh, budget):
+    """The budget vLLM obeys (max_completion_tokens first) is the one routing clamps, in every key the caller set."""
+    msgs, tools = conversation(6)
+    with session(fresh) as s:
+        resp = s.completion(messages=msgs, tools=tools, **budget)
+    body = chat_requests(fresh["fast"])[-1]
+    assert resp.choices and s.last_route.reason == "clamped" and s.stats()["overflow_errors"] == 0
+    assert body.get("max_completion_tokens", body.get("max_tokens")) == s.last_route.max_tokens < 600
+
+
+def test_reactive_escalation_fits_the_slow_window(fresh):
+    """With a stale fast window and a count 30% low, the caller still gets an answer from slow within its window."""
+    fresh["slow"].max_model_len = 2600
+    fast, slow = backends(fresh, window=8192)
+    msgs, tools = conversation(4)
+    with session(fresh, fast=fast, slow=slow, count_with_server=False) as s:
+        s.counters["fast"] = TokenCounter([UnderCount()])
+        resp = s.completion(messages=msgs, tools=tools, max_tokens=2000)
+    sent = [b["max_tokens"] for b in chat_requests(fresh["slow"]) if b["max_tokens"] != 1]
+    assert resp.choices and s.last_route.backend == "slow" and all(m < 2000 for m in sent)
+    assert sent[-1] == s.last_route.max_tokens and resp.usage.prompt_tokens + sent[-1] <= 2600
+
+
+def test_uncopyable_kwargs_pass_through_untouched(fresh):
+    """Values agentkv does not edit reach litellm as the caller's own objects, copyable or not."""
+    import threading
+
+    seen = {}
+
+    class Spy:
+        def completion(self, **kwargs):
+            seen.update(kwargs)
+            return {"choices": [{"message": {"role": "assistant", "content": "ok"}}], "usage": {}}
+
+    lock, msgs = threading.Lock(), [{"role": "user", "content": "hi"}]
+    with Session(Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1", window=4096), client=Spy(),
+                 count_with_server=False) as s:
+        s.completion(messages=msgs, max_tokens=4, metadata={"lock": lock})
+    assert seen["metadata"]["lock"] is lock and seen["messages"] == msgs and seen["messages"] is not msgs

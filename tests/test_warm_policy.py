@@ -132,3 +132,28 @@ def test_a_thousand_sessions_across_eight_threads_keep_the_shared_map_bounded():
         th.join()
     assert not errors, errors[:1]
     assert fired.count("fire") == 1000 and shared.size() <= 256
+
+
+def test_policy_settings_shape_the_shared_guards():
+    """A Session's WarmAheadPolicy sets its cooldown length, map size and in-flight bound."""
+    from agentkv import Backend, Session
+    from agentkv.warm import shared_cooldowns, shared_in_flight
+
+    policy = WarmAheadPolicy(cooldown_s=0.5, max_sessions=7, max_in_flight=1)
+    s = Session(Backend("a"), Backend("b"), warm_ahead=policy, tenant="t")
+    assert s._warm._cooldowns._map is shared_cooldowns(7, 0.5)
+    assert s._warm._in_flight is shared_in_flight(1)
+    assert shared_cooldowns(7, 0.5)._entries.maxsize == 7 and shared_cooldowns(7, 0.5)._entries.ttl == 0.5
+    slot = shared_in_flight(1)
+    assert slot.try_acquire() and not slot.try_acquire()
+    slot.release()
+
+
+def test_tenant_salt_replaces_a_salt_from_the_request_body():
+    """A cache_salt arriving in extra_body cannot override the tenant's salt, and the swap is logged."""
+    from agentkv.testing import capture_events
+
+    with capture_events() as events:
+        call = with_cache_salt({"extra_body": {"cache_salt": "attacker"}}, "tenant-salt")
+    assert call["extra_body"]["cache_salt"] == "tenant-salt"
+    assert any(e["event"] == "cache_salt_replaced" for e in events)
