@@ -83,6 +83,8 @@ class TemplateSource:
             return payload.prompt or ""
         kwargs = dict(payload.template_kwargs or {})
         if self._hf is not None:
+            if payload.tool_choice is not None:
+                kwargs.setdefault("tool_choice", payload.tool_choice)  # visible to templates that render it
             return self._hf.apply_chat_template(
                 [dict(m) for m in payload.messages], tools=list(payload.tools or []) or None,
                 chat_template=self._template, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs,

@@ -136,7 +136,7 @@ def model_not_found(model: str) -> RequestError:
 
 def models_list(model_id: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
     """``GET /v1/models``."""
-    card = {"id": model_id, "object": "model", "created": created, "owned_by": "agentkv", "root": root,
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": "vllm", "root": root,
             "parent": None, "max_model_len": max_model_len, "permission": []}
     return {"object": "list", "data": [card]}
 
@@ -206,8 +206,5 @@ def sse(event: Mapping[str, Any] | str) -> bytes:
 
 
 def tokenize_result(tokens: Sequence[int], max_model_len: int, token_strs: list[str] | None) -> dict[str, Any]:
-    """``POST /tokenize``."""
-    result: dict[str, Any] = {"count": len(tokens), "max_model_len": max_model_len, "tokens": list(tokens)}
-    if token_strs is not None:
-        result["token_strs"] = token_strs
-    return result
+    """``POST /tokenize``: vLLM always sends ``token_strs`` (null unless asked for)."""
+    return {"count": len(tokens), "max_model_len": max_model_len, "tokens": list(tokens), "token_strs": token_strs}
