@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentkv.demo_report import headline, plot, table
 
-    console = Console()
+    console = Console(width=max(Console().width, 100))  # the table needs ~90 columns, also when piped
     console.print(f"[bold]agentkv demo[/bold] — {HONESTY}")
     console.print(f"Pacing: {config.tool_latency_s}s of tool time per turn, plus {config.think_time_s:.0f}s of user think "
                   "time told to the warm-ahead cooldown clock (5 min per session) instead of slept.")
