@@ -28,7 +28,8 @@ from agentkv.routing import (
     RouteDecision, RoutePolicy, Target, check_fits_slow, decide_route, plan_recovery, slow_budget,
 )
 from agentkv.session_handoff import Handoff
-from agentkv.session_parts import Attempt, Observation, StreamWatcher, response_cached_tokens, warm_kwargs
+from agentkv.session_parts import Attempt, Observation, warm_kwargs
+from agentkv.session_record import Recorder
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
@@ -80,14 +81,13 @@ class Session:
         self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
             handoff, mapper, min_attention_cosine=min_attention_cosine)
         self._stats = SessionStats()
-        self.ledger: list[LedgerEntry] = []
         self.last_route: RouteDecision | None = None
-        self._previous_role: str | None = None
         self._history: list[Payload] = []
         cooldowns = cooldowns or shared_cooldowns(warm_ahead.max_sessions, warm_ahead.cooldown_s)
         self._warm = WarmAhead(warm_ahead, cooldowns.for_tenant(tenant),
                                in_flight or shared_in_flight(warm_ahead.max_in_flight), self._stats, lambda: self.client,
                                session_id=self.session_id, tenant=tenant)
+        self._record = Recorder(self._stats, lambda: self._warm.warmed, self._report, self.session_id)
         self.closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -136,7 +136,7 @@ class Session:
                 overflow = _overflow_or_reraise(error)
                 attempt = self._recover(attempt, error, overflow, self._recount(attempt))
                 continue
-            return self._finish(attempt, response)
+            return self._record.finish(attempt, response)
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`."""
@@ -155,7 +155,7 @@ class Session:
                 overflow = _overflow_or_reraise(error)
                 attempt = self._recover(attempt, error, overflow, await self._arecount(attempt))
                 continue
-            return self._finish(attempt, response)
+            return self._record.finish(attempt, response)
 
     def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
         """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""
@@ -192,11 +192,12 @@ class Session:
 
     def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
         """Attach a response's cached-token count to an observed ledger turn."""
-        index = turn - 1
-        if not 0 <= index < len(self.ledger):
-            raise ValueError(f"no ledger turn {turn}; the ledger has {len(self.ledger)} turns")
-        self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
-        self._stats.add("cached_tokens_total", cached_tokens or 0)
+        self._record.record_usage(turn, cached_tokens)
+
+    @property
+    def ledger(self) -> list[LedgerEntry]:
+        """One row per request: tokens, the tool schemas' share, count source, route, warm-ahead, cached tokens."""
+        return self._record.ledger
 
     def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, *, sent_to: str,
                   asynchronous: bool) -> Observation:
@@ -212,10 +213,7 @@ class Session:
                                 count.source)
         attempt = Attempt(as_sent, self._backend(sent_to), kwargs, payload, count, self.cache_salt)
         self._maybe_warm(attempt, kwargs, asynchronous)
-        self._stats.add("observed_requests")
-        entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
-                            count.exact, target.name, "observed", attempt.warm)
-        self.ledger.append(entry)
+        entry = self._record.observed(count, target.name, attempt.warm)
         return Observation(entry.turn, count, decision, fast.window, attempt.warm)
 
     def stats(self) -> dict[str, Any]:
@@ -351,45 +349,6 @@ class Session:
             return attempt.count
         return await self.counters[attempt.backend.label].acount(attempt.payload)
 
-    # ----------------------------------------------------------------- completion bookkeeping
-    def _finish(self, attempt: Attempt, response: Any) -> Any:
-        decision = attempt.decision
-        self._stats.request(decision.backend)
-        for reason, counter in (("proactive", "proactive_routes"), ("clamped", "clamps"),
-                                ("reactive_clamp", "reactive_clamps"), ("reactive_escalate", "reactive_escalations")):
-            if decision.reason == reason:
-                self._stats.add(counter)
-        count = attempt.count
-        entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
-                            count.exact, decision.backend, decision.reason, attempt.warm)
-        self.ledger.append(entry)
-        escalation = self._is_escalation(decision)
-        self._previous_role = decision.role
-        if attempt.kwargs.get("stream"):
-            return StreamWatcher(response, lambda cached: self._record_cached(attempt, entry, cached, escalation))
-        self._record_cached(attempt, entry, response_cached_tokens(response), escalation)
-        return response
-
-    def _record_cached(self, attempt: Attempt, entry: LedgerEntry, cached: int | None, escalation: bool) -> None:
-        self._stats.add("cached_tokens_total", cached or 0)
-        index = entry.turn - 1
-        if index < len(self.ledger) and self.ledger[index] is entry:
-            self.ledger[index] = replace(entry, cached_tokens=cached)
-        if escalation:
-            self._record_escalation(attempt, cached)
-
-    def _record_escalation(self, attempt: Attempt, cached: int | None) -> None:
-        self._stats.add("escalations")
-        self._stats.add("cached_tokens_on_escalation", cached or 0)
-        if self._warm.warmed is None:
-            return
-        self._stats.add("escalations_after_warm")
-        report = self._report(self._warm.warmed, attempt.payload, counter_label=attempt.backend.label)
-        if not report.intact:
-            self._stats.add("warm_prefix_broken")
-            emit("warm_prefix_broken", level="warning", reason=report.reason, reusable_tokens=report.reusable_tokens,
-                 warmed_tokens=report.previous_tokens, session=self.session_id)
-
     def _report(self, previous: Payload, current: Payload, counter_label: str | None = None) -> PrefixReport:
         counter = self.counters[counter_label or self.fast.label]
         prev_ids, exact = counter.token_ids(previous, add_generation_prompt=False)
@@ -398,13 +357,8 @@ class Session:
         return build_report(prev_ids, ids, divergence, exact=exact and exact_now)
 
     # ----------------------------------------------------------------- handoff at escalation
-    def _is_escalation(self, decision: RouteDecision) -> bool:
-        """The move to slow: a size-routed slow request after fast (or first) ones."""
-        return decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate") \
-            and self._previous_role != "slow"
-
     def _needs_handoff(self, attempt: Attempt) -> bool:
-        return self.handoff.active and not attempt.handed_off and self._is_escalation(attempt.decision)
+        return self.handoff.active and not attempt.handed_off and self._record.is_escalation(attempt.decision)
 
     def _handoff(self, attempt: Attempt) -> None:
         if not self._needs_handoff(attempt) or self.slow is None:
