@@ -19,6 +19,15 @@ def decide(tokens, **kw):
     return decide_warm(**args).outcome
 
 
+def on_threads(work, count):
+    """Run ``work(i)`` on ``count`` threads at once and wait for all of them."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def test_threshold_is_sixty_percent():
     """Below 60% of the fast window nothing fires; at 60% it fires."""
     assert decide(599) == "below_threshold"
@@ -68,11 +77,7 @@ def test_map_stays_bounded_under_threads():
         except Exception as exc:  # pragma: no cover - the assertion below reports it
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    on_threads(work, 8)
     assert not errors and shared.size() <= 256
 
 
@@ -125,11 +130,7 @@ def test_a_thousand_sessions_across_eight_threads_keep_the_shared_map_bounded():
         except Exception as exc:  # pragma: no cover - the assertion below reports it
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    on_threads(work, 8)
     assert not errors, errors[:1]
     assert fired.count("fire") == 1000 and shared.size() <= 256
 
