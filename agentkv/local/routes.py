@@ -6,6 +6,8 @@ Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (JSON or SSE), ``PO
 
 from __future__ import annotations
 
+import itertools
+
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterator, Protocol
@@ -100,11 +102,16 @@ def _whole(ids: ChatIds, stream: Iterator[Delta | Generation], call: ChatCall) -
 
 def _sse_events(ids: ChatIds, stream: Iterator[Delta | Generation], call: ChatCall
                 ) -> Generator[bytes, None, None]:
-    """The SSE body: a role chunk, content chunks, a finish chunk, the usage chunk if asked, ``[DONE]``."""
+    """The SSE body: a role chunk, content chunks, a finish chunk, the usage chunk if asked, ``[DONE]``.
+
+    As in vLLM, the first chunk leaves only once the prompt is prefilled and a first token exists, so
+    time-to-first-chunk measures prefill.
+    """
     try:
+        first = next(stream)
         yield protocol.sse(protocol.chunk(ids, {"role": "assistant", "content": ""}))
         result = None
-        for item in stream:
+        for item in itertools.chain([first], stream):
             if isinstance(item, Generation):
                 result = item
             elif item.text:
