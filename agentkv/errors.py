@@ -31,3 +31,9 @@ class ContextOverflowError(AgentKVError):
         self.windows = dict(windows)
         self.max_tokens = max_tokens
         self.suggested_backend = suggested_backend
+
+
+def check_positive_int(owner: str, name: str, value: object) -> None:
+    """Raise :class:`ConfigurationError` naming ``owner.name`` unless ``value`` is an int >= 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigurationError(f"{owner}.{name} must be an int >= 1, got {value!r}")

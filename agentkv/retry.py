@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, TypeVar
 
-from agentkv.errors import ConfigurationError
+from agentkv.errors import check_positive_int
 from agentkv.events import emit
 
 T = TypeVar("T")
@@ -47,8 +47,7 @@ class RetryPolicy:
     asleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ConfigurationError(f"RetryPolicy.attempts must be an int >= 1, got {self.attempts!r}")
+        check_positive_int("RetryPolicy", "attempts", self.attempts)
 
     def _kwargs(self) -> dict[str, Any]:
         from tenacity import retry_if_exception, stop_after_attempt, wait_exponential_jitter

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from agentkv.errors import ConfigurationError, ContextOverflowError
+from agentkv.errors import ContextOverflowError, check_positive_int
 from agentkv.overflow import Overflow
 
 Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate"]
@@ -32,9 +32,7 @@ class RoutePolicy:
 
     def __post_init__(self) -> None:
         for name in ("output_floor", "min_output"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"RoutePolicy.{name} must be a positive int, got {value!r}")
+            check_positive_int("RoutePolicy", name, getattr(self, name))
 
 
 @dataclass(frozen=True)

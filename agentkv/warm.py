@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal
 
 from cachetools import TTLCache
 
-from agentkv.errors import ConfigurationError
+from agentkv.errors import ConfigurationError, check_positive_int
 
 WarmOutcome = Literal[
     "fire", "below_threshold", "disabled", "routed_slow", "unknown_model", "no_window", "cooldown", "saturated"
@@ -49,9 +49,7 @@ class WarmAheadPolicy:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"WarmAheadPolicy.{name} must be positive, got {getattr(self, name)!r}")
         for name in ("max_sessions", "max_in_flight"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"WarmAheadPolicy.{name} must be an int >= 1, got {value!r}")
+            check_positive_int("WarmAheadPolicy", name, getattr(self, name))
 
 
 @dataclass(frozen=True)
