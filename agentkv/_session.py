@@ -123,8 +123,6 @@ class Session:
     def completion(self, **kwargs: Any) -> Any:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
         payload = self._open_request(kwargs)
-        for backend in self._backends():
-            self.discovery.window(backend)
         attempt = self._plan(kwargs, payload, self.counters[self.fast.label].count(payload))
         self._maybe_warm(attempt, kwargs, asynchronous=False)
         while True:
@@ -141,8 +139,7 @@ class Session:
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`."""
         payload = self._open_request(kwargs)
-        for backend in self._backends():
-            await self.discovery.aprefetch(backend)
+        await self._aprefetch()
         attempt = self._plan(kwargs, payload, await self.counters[self.fast.label].acount(payload))
         self._maybe_warm(attempt, kwargs, asynchronous=True)
         while True:
@@ -177,16 +174,13 @@ class Session:
         whether fast can take the request as it is.
         """
         payload = self._open_request(kwargs)
-        for backend in self._backends():
-            self.discovery.window(backend)
         count = self.counters[self.fast.label].count(payload)
         return self._observed(kwargs, payload, count, sent_to=sent_to, asynchronous=False)
 
     async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
         """The async twin of :meth:`observe` (warms run as tasks)."""
         payload = self._open_request(kwargs)
-        for backend in self._backends():
-            await self.discovery.aprefetch(backend)
+        await self._aprefetch()
         count = await self.counters[self.fast.label].acount(payload)
         return self._observed(kwargs, payload, count, sent_to=sent_to, asynchronous=True)
 
@@ -225,14 +219,11 @@ class Session:
 
         Raises :class:`ContextOverflowError` when no backend can hold it.
         """
-        for backend in self._backends():
-            self.discovery.window(backend)
         return self._decide(kwargs, self.counters[self.fast.label].count(payload_from_request(kwargs)))
 
     async def aroute(self, **kwargs: Any) -> RouteDecision:
         """The async twin of :meth:`route`."""
-        for backend in self._backends():
-            await self.discovery.aprefetch(backend)
+        await self._aprefetch()
         return self._decide(kwargs, await self.counters[self.fast.label].acount(payload_from_request(kwargs)))
 
     def count(self, **kwargs: Any) -> TokenCount:
@@ -257,6 +248,11 @@ class Session:
 
     def _backends(self) -> list[Backend]:
         return [b for b in (self.fast, self.slow) if b is not None]
+
+    async def _aprefetch(self) -> None:
+        """Fill discovery over async HTTP, so the shared planning steps below only hit its cache."""
+        for backend in self._backends():
+            await self.discovery.aprefetch(backend)
 
     def _targets(self) -> tuple[Target, Target]:
         fast = Target(self.fast.label, self.discovery.window(self.fast).window)

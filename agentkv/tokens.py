@@ -72,10 +72,6 @@ class TokenCounter:
                 emit("count_source_unavailable", level="debug", backend=self._label, source=source.name, reason=str(exc))
         raise AssertionError("CharSource never fails")  # pragma: no cover
 
-    def exact_source(self) -> TokenSource | None:
-        """The first exact source, if any (template or server)."""
-        return next((s for s in self.sources if s.name in ("template", "server")), None)
-
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> tuple[list[int], bool]:
         """Rendered token ids and whether they are exact (a cl100k/ChatML rendering otherwise)."""
         for source in self.sources:
