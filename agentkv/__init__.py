@@ -10,11 +10,12 @@
 ``import agentkv`` is cheap: litellm, torch and transformers are imported where they are used.
 """
 
-from agentkv._session import Session
+from agentkv._session import Observation, Session
 from agentkv.backends import Backend, WindowDiscovery, WindowInfo, default_discovery
 from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError
 from agentkv.overflow import Overflow, overflow_from_error, parse_overflow
 from agentkv.prefix import PrefixReport
+from agentkv.protocols import CompletionClient, SessionLike
 from agentkv.retry import RetryPolicy
 from agentkv.routing import Recovery, RouteDecision, RoutePolicy, decide_route, plan_recovery
 from agentkv.stats import LedgerEntry
@@ -25,18 +26,22 @@ from agentkv.toolschema import function_schema
 from agentkv.warm import CooldownMap, WarmAheadPolicy, WarmDecision, decide_warm
 
 # Bound last: ``agentkv.session`` is the decorator (the Session class lives in ``agentkv._session``).
-from agentkv.decorator import NoSessionError, current_session, session  # noqa: E402
+from agentkv.decorator import (  # noqa: E402
+    NoSessionError, acompletion, completion, configure, current_session, session,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentKVError",
     "Backend",
+    "CompletionClient",
     "ConfigurationError",
     "ContextOverflowError",
     "CooldownMap",
     "LedgerEntry",
     "NoSessionError",
+    "Observation",
     "Overflow",
     "Payload",
     "PrefixReport",
@@ -46,6 +51,7 @@ __all__ = [
     "RunResult",
     "RoutePolicy",
     "Session",
+    "SessionLike",
     "TokenCount",
     "TokenCounter",
     "Tool",
@@ -54,6 +60,9 @@ __all__ = [
     "WindowDiscovery",
     "WindowInfo",
     "__version__",
+    "acompletion",
+    "completion",
+    "configure",
     "current_session",
     "decide_route",
     "decide_warm",

@@ -70,3 +70,27 @@ def import_litellm() -> Any:
     import litellm
 
     return litellm
+
+
+class LazyLitellm:
+    """litellm as a completion client, imported on first use: on the calling thread for
+    ``completion``, on a worker thread for ``acompletion`` (the import takes seconds; an event loop
+    must not wait on it)."""
+
+    def __init__(self) -> None:
+        self._module: Any = None
+
+    def _litellm(self) -> Any:
+        if self._module is None:
+            self._module = import_litellm()
+        return self._module
+
+    def completion(self, **kwargs: Any) -> Any:
+        return self._litellm().completion(**kwargs)
+
+    async def acompletion(self, **kwargs: Any) -> Any:
+        if self._module is None:
+            import asyncio
+
+            self._module = await asyncio.to_thread(import_litellm)
+        return await self._module.acompletion(**kwargs)

@@ -1,16 +1,20 @@
 """Backends and their context windows: declared, discovered from the server, or from litellm's catalog.
 
 Discovered windows and served model ids live in a thread-safe ``TTLCache`` (15 minutes by default,
-keyed by ``(api_base, model)``) so that a swap slot which loads another model is read again.
+keyed by ``(api_base, model)``) so that a swap slot which loads another model is read again. A failed
+``GET /models`` is remembered only briefly (seconds, backing off), never over a success; one fetch per
+backend is in flight at a time, sync and async callers alike waiting for it.
 
 Usage::
 
     fast = Backend("hosted_vllm/qwen3-8b", api_base="http://127.0.0.1:8001/v1")
-    info = default_discovery().window(fast)      # WindowInfo(window=32768, source="server", ...)
+    info = default_discovery().window(fast)         # WindowInfo(window=32768, source="server", ...)
+    info = await default_discovery().awindow(fast)  # the same over async HTTP
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +22,8 @@ from typing import Any, Callable, Mapping
 
 from cachetools import TTLCache
 
-from agentkv._defaults import process_default
+from agentkv._defaults import process_default, shared
+from agentkv._http import HttpError, HttpTransport, default_http
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 
@@ -98,11 +103,17 @@ class ServerInfo:
 
 @dataclass(frozen=True)
 class WindowInfo:
-    """A backend's window and where it came from: declared, server, catalog, corrected or unknown."""
+    """A backend's window and where it came from (declared, server, catalog, corrected or unknown), and
+    whether the server (or, for a cloud model, litellm's catalog) knows the configured model."""
 
     window: int | None
     source: str
     model_known: bool | None = None
+
+
+def positive_window(value: Any) -> int | None:
+    """``value`` when it is an int >= 1 (a usable window), else None: 0, negatives, bools, text are unknown."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def parse_models_response(payload: Any, served_model: str) -> ServerInfo:
@@ -113,39 +124,80 @@ def parse_models_response(payload: Any, served_model: str) -> ServerInfo:
     ids = frozenset(str(e.get("id")) for e in entries if isinstance(e, Mapping) and e.get("id"))
     for entry in entries:
         if isinstance(entry, Mapping) and entry.get("id") == served_model:
-            window = entry.get("max_model_len") or entry.get("max_input_tokens")
-            return ServerInfo(int(window) if window else None, ids, True)
+            window = positive_window(entry.get("max_model_len")) or positive_window(entry.get("max_input_tokens"))
+            return ServerInfo(window, ids, True)
     return ServerInfo(None, ids, False)
-
-
-_CATALOG: dict[str, int] = {}
 
 
 def catalog_window(model: str) -> int | None:
     """litellm's ``max_input_tokens`` for ``model`` (not ``max_tokens``, the output cap), or None.
 
-    Found windows are remembered; misses are asked again, so a later ``litellm.register_model`` counts.
+    Imports litellm (seconds, the first time): the async path calls it on a worker thread. Found
+    windows are remembered; misses are asked again, so a later ``litellm.register_model`` counts.
     """
-    if model in _CATALOG:
-        return _CATALOG[model]
+    found: dict[str, int] = shared("catalog_windows", dict)
+    if model in found:
+        return found[model]
     from agentkv._env import import_litellm
 
     try:
         info = import_litellm().get_model_info(model)
     except Exception:  # litellm raises a bare Exception for unmapped models
         return None
-    window = info.get("max_input_tokens") if isinstance(info, Mapping) else None
+    window = positive_window(info.get("max_input_tokens")) if isinstance(info, Mapping) else None
     if window:
-        _CATALOG[model] = int(window)
-    return int(window) if window else None
+        found[model] = window
+    return window
+
+
+class _Flight:
+    """One ``GET /models`` in flight; sync and async latecomers wait for it instead of sending their own."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def land(self) -> None:
+        with self._lock:
+            self.done.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_settle, future)
+
+    async def wait(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self.done.is_set():
+                return
+            self._waiters.append((loop, future))
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            return
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@dataclass
+class _Failing:
+    """A backend whose ``/models`` fails: when to ask again, and how many failures in a row."""
+
+    retry_at: float
+    streak: int
 
 
 class WindowDiscovery:
     """Discovers windows and served model ids, caching them per ``(api_base, model)`` with a TTL.
 
-    ``timer`` drives the TTL (inject a fake clock in tests); ``http_get`` is ``url -> parsed JSON``
-    and defaults to httpx with a short timeout. Failures fall back to the next source with a logged
-    reason and are never raised.
+    ``timer`` drives the TTL and the failure back-off (inject a fake clock in tests); ``http`` is the
+    HTTP seam (:func:`agentkv._http.default_http` unless given). A failure is retried after
+    ``retry_s`` seconds, doubling per failure in a row up to ``max_retry_s``; meanwhile the last
+    good answer (if any) stands. Failures are logged once per episode and never raised.
     """
 
     def __init__(
@@ -153,130 +205,209 @@ class WindowDiscovery:
         ttl_s: float = DEFAULT_WINDOW_TTL_S,
         *,
         timer: Callable[[], float] = time.monotonic,
-        http_get: Callable[[str], Any] | None = None,
+        http: HttpTransport | None = None,
         timeout_s: float = 3.0,
         maxsize: int = 1024,
+        retry_s: float = 2.0,
+        max_retry_s: float = 60.0,
     ) -> None:
-        self._cache: TTLCache[tuple[str, str], ServerInfo | None] = TTLCache(maxsize, ttl_s, timer=timer)
-        self._last_seen: dict[tuple[str, str], int | None] = {}
+        self._cache: TTLCache[tuple[str, str], ServerInfo] = TTLCache(maxsize, ttl_s, timer=timer)
+        self._last_good: dict[tuple[str, str], ServerInfo] = {}
+        self._failing: dict[tuple[str, str], _Failing] = {}
+        self._flights: dict[tuple[str, str], _Flight] = {}
+        self._fallback_warned: set[tuple[str, str]] = set()
         self._corrections: TTLCache[tuple[str, str], int] = TTLCache(maxsize, ttl_s, timer=timer)
         self._lock = threading.Lock()
-        self._http_get = http_get or _httpx_getter(timeout_s)
+        self._timer = timer
+        self._http = http or default_http()
+        self._timeout_s = timeout_s
+        self._retry = (retry_s, max_retry_s)
 
-    def window(self, backend: Backend) -> WindowInfo:
-        """The backend's window: declared, then server, then litellm's catalog."""
-        if backend.window is not None:
-            return WindowInfo(backend.window, "declared")
-        key = _key(backend)
-        with self._lock:
-            corrected = self._corrections.get(key)
-        if corrected is not None:
-            return WindowInfo(corrected, "corrected", self._model_known(backend))
-        info = self.server_info(backend)
-        if info is not None and info.window is not None:
-            return WindowInfo(info.window, "server", info.model_listed)
-        window = catalog_window(backend.model)
-        emit("window_fallback", level="warning", backend=backend.label, source="catalog" if window else "unknown")
-        return WindowInfo(window, "catalog" if window else "unknown", self._model_known(backend))
+    # --------------------------------------------------------------- answers (sync and async twins)
+    def window(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
+        """The backend's window (declared, corrected, server, then litellm's catalog) and, unless
+        ``model_known=False``, whether its model is known; may ``GET /models`` (cached) and, for cloud
+        models, import litellm."""
+        info = self.server_info(backend) if _needs_server(backend, model_known) else None
+        catalog = catalog_window(backend.model) if _needs_catalog(backend, info, model_known) else None
+        return self._resolve(backend, info, catalog)
+
+    async def awindow(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
+        """:meth:`window` for async callers: HTTP is awaited, litellm's import runs on a worker thread."""
+        info = await self.aserver_info(backend) if _needs_server(backend, model_known) else None
+        needed = _needs_catalog(backend, info, model_known)
+        catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
+        return self._resolve(backend, info, catalog)
 
     def served_model_known(self, backend: Backend) -> bool:
-        """True only when the server lists the configured model (cloud backends: catalog knows it)."""
-        return bool(self._model_known(backend))
-
-    def _model_known(self, backend: Backend) -> bool | None:
-        if backend.is_cloud:
-            return catalog_window(backend.model) is not None
-        info = self.server_info(backend)
-        return None if info is None else info.model_listed
+        """True only when the server lists the configured model (cloud backends: the catalog knows it)."""
+        return bool(self.window(backend).model_known)
 
     def server_info(self, backend: Backend) -> ServerInfo | None:
-        """The cached or freshly fetched ``/models`` answer, or None when the server gave none."""
+        """The cached or freshly fetched ``/models`` answer (the last good one while failing), or None."""
         if backend.api_base is None:
             return None
         key = _key(backend)
-        with self._lock:
-            if key in self._cache:
-                return self._cache[key]
-        info = self._fetch(backend)
-        self._store(key, backend, info)
-        return info
-
-    def _fetch(self, backend: Backend) -> ServerInfo | None:
-        url = f"{backend.api_base.rstrip('/')}/models"
+        hit, info = self._cached(key)
+        if hit:
+            return info
+        flight, leader = self._join(key)
+        if not leader:
+            flight.done.wait(self._timeout_s + 1.0)
+            return self._cached(key)[1]
         try:
-            return parse_models_response(self._http_get(url), backend.served_model)
-        except Exception as exc:  # discovery must never break a request
-            emit("discovery_failed", level="warning", backend=backend.label, url=url, reason=_reason(exc))
+            self._landed(key, backend, self._fetch(backend))
+        finally:
+            self._release(key, flight)
+        return self._cached(key)[1]
+
+    async def aserver_info(self, backend: Backend) -> ServerInfo | None:
+        """:meth:`server_info` over async HTTP, sharing the cache and the single flight."""
+        if backend.api_base is None:
             return None
+        key = _key(backend)
+        hit, info = self._cached(key)
+        if hit:
+            return info
+        flight, leader = self._join(key)
+        if not leader:
+            await flight.wait(self._timeout_s + 1.0)
+            return self._cached(key)[1]
+        try:
+            self._landed(key, backend, await self._afetch(backend))
+        finally:
+            self._release(key, flight)
+        return self._cached(key)[1]
 
-    def _store(self, key: tuple[str, str], backend: Backend, info: ServerInfo | None) -> None:
-        with self._lock:
-            self._cache[key] = info
-            new = info.window if info else None
-            old = self._last_seen.get(key)
-            self._last_seen[key] = new
-        if old is not None and new is not None and old != new:
-            emit("window_changed", level="warning", backend=backend.label, old=old, new=new)
-
+    # --------------------------------------------------------------- corrections
     def correct(self, backend: Backend, window: int) -> None:
-        """Record the window a server reported in an overflow error when it disagrees with ours."""
-        known = self.window(backend).window
-        if known == window:
+        """Record the window a server reported in an overflow error when it disagrees with ours (no I/O)."""
+        if positive_window(window) is None:
             return
-        emit("window_stale", level="warning", backend=backend.label, cached=known, server=window)
+        key = _key(backend)
         with self._lock:
-            self._corrections[_key(backend)] = window
+            cached = self._cache.get(key) or self._last_good.get(key)
+            known = backend.window or self._corrections.get(key) or (cached.window if cached else None)
+            if known == window:
+                return
+            self._corrections[key] = window
+        emit("window_stale", level="warning", backend=backend.label, cached=known, server=window)
 
     def invalidate(self, backend: Backend | None = None) -> None:
         """Forget one backend's cached answers, or all of them."""
         with self._lock:
-            if backend is None:
-                self._cache.clear()
-                self._corrections.clear()
-            else:
-                self._cache.pop(_key(backend), None)
-                self._corrections.pop(_key(backend), None)
+            stores: list[Any] = [self._cache, self._corrections, self._last_good, self._failing]
+            for store in stores:
+                if backend is None:
+                    store.clear()
+                else:
+                    store.pop(_key(backend), None)
 
-    async def aprefetch(self, backend: Backend, *, timeout_s: float = 3.0) -> None:
-        """Fill the cache for ``backend`` over async HTTP, so the async path never blocks on discovery."""
-        if backend.api_base is None or backend.window is not None:
-            return
+    # --------------------------------------------------------------- internals
+    def _resolve(self, backend: Backend, info: ServerInfo | None, catalog: int | None) -> WindowInfo:
+        known = (catalog is not None) if backend.is_cloud else (info.model_listed if info else None)
+        if backend.window is not None:
+            return WindowInfo(backend.window, "declared", known)
+        key = _key(backend)
         with self._lock:
-            if _key(backend) in self._cache:
-                return
-        import httpx
+            corrected = self._corrections.get(key)
+        if corrected is not None:
+            return WindowInfo(corrected, "corrected", known)
+        if info is not None and info.window is not None:
+            return WindowInfo(info.window, "server", known)
+        source = "catalog" if catalog else "unknown"
+        self._warn_fallback(key, backend, source)
+        return WindowInfo(catalog, source, known)
 
-        url = f"{backend.api_base.rstrip('/')}/models"
+    def _warn_fallback(self, key: tuple[str, str], backend: Backend, source: str) -> None:
+        with self._lock:
+            first = key not in self._fallback_warned
+            self._fallback_warned.add(key)
+        emit("window_fallback", level="warning" if first else "debug", backend=backend.label, source=source)
+
+    def _cached(self, key: tuple[str, str]) -> tuple[bool, ServerInfo | None]:
+        """(answered, info): a fresh success, or the last good answer while a failure backs off."""
+        with self._lock:
+            if key in self._cache:
+                return True, self._cache[key]
+            failing = self._failing.get(key)
+            if failing is not None and self._timer() < failing.retry_at:
+                return True, self._last_good.get(key)
+            return False, None
+
+    def _join(self, key: tuple[str, str]) -> tuple[_Flight, bool]:
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight, False
+            flight = self._flights[key] = _Flight()
+            return flight, True
+
+    def _release(self, key: tuple[str, str], flight: _Flight) -> None:
+        with self._lock:
+            self._flights.pop(key, None)
+        flight.land()
+
+    def _fetch(self, backend: Backend) -> ServerInfo | BaseException:
         try:
-            async with httpx.AsyncClient(timeout=timeout_s) as client:
-                response = await client.get(url)
-                response.raise_for_status()
-                info: ServerInfo | None = parse_models_response(response.json(), backend.served_model)
-        except Exception as exc:  # discovery must never break a request
-            emit("discovery_failed", level="warning", backend=backend.label, url=url, reason=_reason(exc))
-            info = None
-        self._store(_key(backend), backend, info)
+            return parse_models_response(self._http.get_json(_models_url(backend), timeout_s=self._timeout_s),
+                                         backend.served_model)
+        except (HttpError, ValueError) as exc:
+            return exc
+
+    async def _afetch(self, backend: Backend) -> ServerInfo | BaseException:
+        try:
+            answer = await self._http.aget_json(_models_url(backend), timeout_s=self._timeout_s)
+            return parse_models_response(answer, backend.served_model)
+        except (HttpError, ValueError) as exc:
+            return exc
+
+    def _landed(self, key: tuple[str, str], backend: Backend, result: ServerInfo | BaseException) -> None:
+        if isinstance(result, ServerInfo):
+            self._succeeded(key, backend, result)
+        else:
+            self._failed(key, backend, result)
+
+    def _succeeded(self, key: tuple[str, str], backend: Backend, info: ServerInfo) -> None:
+        with self._lock:
+            self._cache[key] = info
+            old = self._last_good.get(key)
+            self._last_good[key] = info
+            recovered = self._failing.pop(key, None)
+            self._fallback_warned.discard(key)
+        if recovered is not None:
+            emit("discovery_recovered", backend=backend.label, failures=recovered.streak)
+        if old is not None and old.window is not None and info.window is not None and old.window != info.window:
+            emit("window_changed", level="warning", backend=backend.label, old=old.window, new=info.window)
+
+    def _failed(self, key: tuple[str, str], backend: Backend, exc: BaseException) -> None:
+        base, cap = self._retry
+        with self._lock:
+            streak = self._failing[key].streak + 1 if key in self._failing else 1
+            backoff = min(cap, base * 2 ** (streak - 1))
+            self._failing[key] = _Failing(self._timer() + backoff, streak)
+        emit("discovery_failed", level="warning" if streak == 1 else "debug", backend=backend.label,
+             error=type(exc).__name__, status_code=getattr(exc, "status_code", None), failures=streak,
+             retry_in_s=backoff)
+
+
+def _needs_server(backend: Backend, model_known: bool) -> bool:
+    return backend.api_base is not None and (backend.window is None or model_known)
+
+
+def _needs_catalog(backend: Backend, info: ServerInfo | None, model_known: bool) -> bool:
+    if backend.window is not None:
+        return backend.is_cloud and model_known
+    return backend.is_cloud or info is None or info.window is None
+
+
+def _models_url(backend: Backend) -> str:
+    return f"{(backend.api_base or '').rstrip('/')}/models"
 
 
 def _key(backend: Backend) -> tuple[str, str]:
     return (backend.api_base or "", backend.model)
 
 
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
-def _httpx_getter(timeout_s: float) -> Callable[[str], Any]:
-    def get(url: str) -> Any:
-        import httpx
-
-        response = httpx.get(url, timeout=timeout_s)
-        response.raise_for_status()
-        return response.json()
-
-    return get
-
-
 default_discovery = process_default(
     WindowDiscovery, "The process-wide discovery cache that Sessions share unless given their own.")
-

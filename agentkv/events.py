@@ -14,14 +14,16 @@ def logger() -> Any:
     return structlog.get_logger("agentkv")
 
 
+def canonical_json(value: Any) -> str:
+    """One canonical JSON text for any value (sorted keys, no ASCII escaping); a str is itself."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
 def digest(value: Any, length: int = 12) -> str:
     """A short stable sha256 of any JSON-able value (or str/bytes), for logs and cache keys."""
-    if isinstance(value, bytes):
-        data = value
-    elif isinstance(value, str):
-        data = value.encode()
-    else:
-        data = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str).encode()
+    data = value if isinstance(value, bytes) else canonical_json(value).encode()
     return hashlib.sha256(data).hexdigest()[:length]
 
 

@@ -7,10 +7,11 @@ re-renders earlier assistant turns.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+
+from agentkv.events import canonical_json
 
 BLOCK_SIZE = 16
 _TIMESTAMPISH = re.compile(r"\d{1,4}[-/:.]\d{1,2}[-/:.]\d{1,4}|\d{9,}")
@@ -50,14 +51,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _canon(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-
-
-def _tool_names(tools: Sequence[Mapping[str, Any]] | None) -> list[str]:
-    return [str((t.get("function") or {}).get("name", t.get("name", ""))) for t in tools or []]
-
-
 def explain_divergence(
     prev_messages: Sequence[Mapping[str, Any]],
     prev_tools: Sequence[Mapping[str, Any]] | None,
@@ -65,11 +58,11 @@ def explain_divergence(
     tools: Sequence[Mapping[str, Any]] | None,
 ) -> tuple[int | None, str]:
     """The first changed message (or None) and a short reason, from the messages and tools themselves."""
-    if [_canon(t) for t in prev_tools or []] != [_canon(t) for t in tools or []]:
-        same_set = sorted(_canon(t) for t in prev_tools or []) == sorted(_canon(t) for t in tools or [])
+    if [canonical_json(t) for t in prev_tools or []] != [canonical_json(t) for t in tools or []]:
+        same_set = sorted(canonical_json(t) for t in prev_tools or []) == sorted(canonical_json(t) for t in tools or [])
         return None, "tools reordered" if same_set else "tools changed"
     for i, (old, new) in enumerate(zip(prev_messages, messages)):
-        if _canon(old) != _canon(new):
+        if canonical_json(old) != canonical_json(new):
             return i, _message_change(i, old, new)
     if len(messages) < len(prev_messages):
         return len(messages), "messages removed"

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from agentkv._session.responses import read_field
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
+from agentkv.protocols import SessionLike
 from agentkv.routing import RouteDecision
 from agentkv.toolschema import function_schema, is_tool_schema
 
@@ -129,17 +131,17 @@ def opening(user_message: Any, system: str | None, messages: Sequence[Mapping[st
 
 def assistant_message(response: Any, step: int) -> dict[str, Any]:
     """The first choice's message as a plain dict; tool calls without an id get ``call_<step>_<i>``."""
-    choices = _field(response, "choices") or []
+    choices = read_field(response, "choices") or []
     if not choices:
         raise ValueError("the model's response has no choices")
-    message = _field(choices[0], "message")
-    out: dict[str, Any] = {"role": "assistant", "content": _field(message, "content") or ""}
+    message = read_field(choices[0], "message")
+    out: dict[str, Any] = {"role": "assistant", "content": read_field(message, "content") or ""}
     calls = []
-    for i, call in enumerate(_field(message, "tool_calls") or []):
-        function = _field(call, "function")
-        arguments = _field(function, "arguments")
-        calls.append({"id": _field(call, "id") or f"call_{step}_{i}", "type": "function", "function": {
-            "name": _field(function, "name") or "",
+    for i, call in enumerate(read_field(message, "tool_calls") or []):
+        function = read_field(call, "function")
+        arguments = read_field(function, "arguments")
+        calls.append({"id": read_field(call, "id") or f"call_{step}_{i}", "type": "function", "function": {
+            "name": read_field(function, "name") or "",
             "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {})}})
     if calls:
         out["tool_calls"] = calls
@@ -181,12 +183,6 @@ def failure(tool: Tool, exc: Exception) -> str:
     return f"error: {tool.name} raised {type(exc).__name__}: {exc}"
 
 
-def _field(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
 # ----------------------------------------------------------------------------- the loop state
 class _Loop:
     """The conversation and bookkeeping both drivers share; the drivers only call the model and the tools."""
@@ -221,7 +217,7 @@ class _Loop:
 
 
 # ----------------------------------------------------------------------------- the drivers
-def run_loop(session: Any, user_message: Any, tools: Any = None, *, max_steps: int = 20, system: str | None = None,
+def run_loop(session: SessionLike, user_message: Any, tools: Any = None, *, max_steps: int = 20, system: str | None = None,
              messages: Sequence[Mapping[str, Any]] | None = None, **completion_kwargs: Any) -> RunResult:
     """Run a ReAct loop through ``session.completion``; ``completion_kwargs`` pass through to every call."""
     loop = _Loop(user_message, tools, max_steps, system, messages, completion_kwargs)
@@ -237,7 +233,7 @@ def run_loop(session: Any, user_message: Any, tools: Any = None, *, max_steps: i
     return loop.result("max_steps")
 
 
-async def arun_loop(session: Any, user_message: Any, tools: Any = None, *, max_steps: int = 20,
+async def arun_loop(session: SessionLike, user_message: Any, tools: Any = None, *, max_steps: int = 20,
                     system: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
                     **completion_kwargs: Any) -> RunResult:
     """The async twin of :func:`run_loop`: ``session.acompletion``, async tools awaited."""

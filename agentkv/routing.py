@@ -1,8 +1,11 @@
 """Routing decisions as pure functions of token counts and windows.
 
 ``decide_route`` says where a request goes before anything is sent; ``plan_recovery`` says what to do
-after a backend answered with a context-overflow error. Neither does I/O, sleeps or logs: the Session
-carries their decisions out.
+after a backend answered with a context-overflow error and ``after_recovery`` turns that plan into the
+next try's decision; ``escalate`` is the one composition of a move to slow (proactive or reactive);
+``slow_target`` holds the cloud-catalog rule; ``as_sent`` describes a request another framework sent;
+``is_escalation`` says which answered request was the move to slow. None does I/O, sleeps or logs:
+the Session gathers the inputs and carries the decisions out.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from typing import Literal
 from agentkv.errors import ContextOverflowError, check_positive_int
 from agentkv.overflow import Overflow
 
-Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate"]
+Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate", "observed"]
+Role = Literal["fast", "slow"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class RouteDecision:
     """
 
     backend: str
-    role: Literal["fast", "slow"]
+    role: Role
     reason: Reason
     estimated_input_tokens: int
     window: int | None
@@ -101,9 +105,41 @@ def decide_route(
 def _to_slow(base: RouteDecision, fast: Target, slow: Target, policy: RoutePolicy, safe_tokens: int) -> RouteDecision:
     if not slow.usable:
         return replace(base, note=f"not rerouted to {slow.name!r}: {slow.why_unusable}")
-    check_fits_slow(base.estimated_input_tokens, fast, slow, policy, base.max_tokens)
-    max_tokens = slow_budget(base.max_tokens, safe_tokens, base.estimated_input_tokens, slow.window)
-    return replace(base, backend=slow.name, role="slow", reason="proactive", window=slow.window, max_tokens=max_tokens)
+    return escalate(fast, slow, route_tokens=base.estimated_input_tokens, safe_tokens=safe_tokens,
+                    max_tokens=base.max_tokens, policy=policy, reason="proactive", count_source=base.count_source)
+
+
+def escalate(fast: Target, slow: Target, *, route_tokens: int, safe_tokens: int, max_tokens: int | None,
+             policy: RoutePolicy, reason: Reason, count_source: str = "") -> RouteDecision:
+    """The move to slow: raises :class:`ContextOverflowError` when slow cannot hold the input plus the
+    floor, else a decision whose budget fits slow's window (``max_tokens`` is the caller's budget)."""
+    check_fits_slow(route_tokens, fast, slow, policy, max_tokens)
+    budget = slow_budget(max_tokens, safe_tokens, route_tokens, slow.window)
+    return RouteDecision(slow.name, "slow", reason, route_tokens, slow.window, budget, count_source)
+
+
+def slow_target(name: str, window: int | None, *, is_cloud: bool, in_catalog: bool, model: str = "") -> Target:
+    """The slow backend as routing sees it. The catalog rule: a cloud model litellm's catalog does not
+    know cannot be routed to (litellm could not address it), so requests stay where they are."""
+    if is_cloud and not in_catalog:
+        return Target(name, window, usable=False, why_unusable=f"cloud model {model or name!r} is not in litellm's catalog")
+    return Target(name, window)
+
+
+def no_slow_target() -> Target:
+    """The stand-in when a Session has no slow backend."""
+    return Target("(none)", None, usable=False, why_unusable="no slow backend configured")
+
+
+def as_sent(target: Target, role: Role, *, input_tokens: int, max_tokens: int | None,
+            count_source: str = "") -> RouteDecision:
+    """The decision describing a request another framework already sent to ``target``."""
+    return RouteDecision(target.name, role, "observed", input_tokens, target.window, max_tokens, count_source)
+
+
+def is_escalation(previous_role: Role | None, decision: RouteDecision) -> bool:
+    """The move to slow: a size-routed slow request after fast (or first) ones."""
+    return decision.role == "slow" and decision.reason in ("proactive", "reactive_escalate") and previous_role != "slow"
 
 
 def check_fits_slow(route_tokens: int, fast: Target, slow: Target, policy: RoutePolicy, max_tokens: int | None) -> None:
@@ -167,6 +203,23 @@ def plan_recovery(
         why = "no exact prompt count" if prompt is None else f"only {room} tokens of output fit"
         return Recovery("escalate", None, corrected, prompt, why)
     return Recovery("give_up", None, corrected, prompt, "no larger backend to take the request")
+
+
+def after_recovery(decision: RouteDecision, plan: Recovery, *, fast: Target, slow: Target, policy: RoutePolicy,
+                   requested_max_tokens: int | None, safe_tokens: int) -> RouteDecision:
+    """The decision for the try after ``plan`` (a "clamp" or an "escalate"; "give_up" has none).
+
+    A clamp keeps the backend with the plan's budget; an escalation is :func:`escalate` with the
+    caller's own budget, counted from the best prompt figure the plan found.
+    """
+    estimate = plan.prompt_tokens if plan.prompt_tokens is not None else decision.estimated_input_tokens
+    if plan.action == "clamp":
+        return replace(decision, reason="reactive_clamp", max_tokens=plan.max_tokens, estimated_input_tokens=estimate)
+    if plan.action == "escalate":
+        return escalate(fast, slow, route_tokens=estimate, safe_tokens=max(safe_tokens, estimate),
+                        max_tokens=requested_max_tokens, policy=policy, reason="reactive_escalate",
+                        count_source=decision.count_source)
+    raise ValueError(f"a {plan.action!r} recovery has no next decision")
 
 
 def _stated_prompt(overflow: Overflow) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 COUNTERS = (
@@ -31,9 +31,6 @@ class LedgerEntry:
     reason: str
     warm: str
     cached_tokens: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class SessionStats:

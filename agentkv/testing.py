@@ -1,6 +1,6 @@
-"""Helpers for testing agents that use agentkv: a fake clock, event capture, embedded servers.
+"""Helpers for testing agents that use agentkv: a fake clock, a fake HTTP seam, event capture, embedded servers.
 
-    from agentkv.testing import FakeClock, capture_events, embedded_servers
+    from agentkv.testing import FakeClock, FakeHttp, capture_events, embedded_servers
 
     with embedded_servers() as (fast, slow):          # two vLLM-compatible servers on 127.0.0.1
         with capture_events() as events:
@@ -10,9 +10,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
-from typing import Any, Iterator
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, MutableMapping
+
+from agentkv._http import HttpError
+
+__all__ = ["FakeClock", "FakeHttp", "HttpCall", "ScriptedReplies", "capture_events", "embedded_servers",
+           "models_answer"]
 
 
 class FakeClock:
@@ -31,8 +39,108 @@ class FakeClock:
             self._now += seconds
 
 
+@dataclass(frozen=True)
+class HttpCall:
+    """One request a :class:`FakeHttp` served; ``blocking`` is True for a sync call made while an event
+    loop was running on the calling thread (a call that stalls every coroutine)."""
+
+    method: str
+    url: str
+    body: Any
+    asynchronous: bool
+    blocking: bool
+
+
+Handler = Callable[[str, str, Any], Any]
+
+
+class FakeHttp:
+    """The HTTP seam (:class:`agentkv._http.HttpTransport`) served by one handler, sync and async alike.
+
+    ``handler(method, url, body)`` returns the JSON answer, or ``(status, answer)``; it may raise
+    :class:`agentkv._http.HttpError` (a status, or ``timed_out=True``). ``latency_s`` delays each answer
+    (``time.sleep`` on the sync path, ``asyncio.sleep`` on the async one). Every call is recorded.
+
+        http = FakeHttp(lambda method, url, body: models_answer("m", 4096))
+        WindowDiscovery(http=http); Session(..., http=http)
+        assert not [c for c in http.calls if c.blocking]
+    """
+
+    def __init__(self, handler: Handler, *, latency_s: float = 0.0) -> None:
+        self.handler = handler
+        self.latency_s = latency_s
+        self.calls: list[HttpCall] = []
+        self._lock = threading.Lock()
+
+    @property
+    def blocking_calls(self) -> list[HttpCall]:
+        """Sync calls made while an event loop ran on the calling thread."""
+        with self._lock:
+            return [c for c in self.calls if c.blocking]
+
+    def get_json(self, url: str, *, timeout_s: float) -> Any:
+        return self._sync("GET", url, None, timeout_s)
+
+    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+        return self._sync("POST", url, body, timeout_s)
+
+    async def aget_json(self, url: str, *, timeout_s: float) -> Any:
+        return await self._async("GET", url, None, timeout_s)
+
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+        return await self._async("POST", url, body, timeout_s)
+
+    def _sync(self, method: str, url: str, body: Any, timeout_s: float) -> Any:
+        self._record(HttpCall(method, url, body, False, _loop_running()))
+        if self.latency_s:
+            time.sleep(min(self.latency_s, timeout_s))
+            _check_timeout(self.latency_s, timeout_s, url)
+        return _answer(self.handler(method, url, body), url)
+
+    async def _async(self, method: str, url: str, body: Any, timeout_s: float) -> Any:
+        self._record(HttpCall(method, url, body, True, False))
+        if self.latency_s:
+            await asyncio.sleep(min(self.latency_s, timeout_s))
+            _check_timeout(self.latency_s, timeout_s, url)
+        return _answer(self.handler(method, url, body), url)
+
+    def _record(self, call: HttpCall) -> None:
+        with self._lock:
+            self.calls.append(call)
+
+
+def models_answer(model_id: str, max_model_len: int | None) -> dict[str, Any]:
+    """vLLM's ``GET /v1/models`` answer for one served model."""
+    entry: dict[str, Any] = {"id": model_id, "object": "model", "owned_by": "vllm", "root": model_id, "parent": None}
+    if max_model_len is not None:
+        entry["max_model_len"] = max_model_len
+    return {"object": "list", "data": [entry]}
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _check_timeout(latency_s: float, timeout_s: float, url: str) -> None:
+    if latency_s > timeout_s:
+        raise HttpError(f"ReadTimeout from {url}", timed_out=True)
+
+
+def _answer(result: Any, url: str) -> Any:
+    if isinstance(result, tuple):
+        status, body = result
+        if status >= 400:
+            raise HttpError(f"{status} from {url}", status_code=status)
+        return body
+    return result
+
+
 @contextlib.contextmanager
-def capture_events() -> Iterator[list[dict[str, Any]]]:
+def capture_events() -> Iterator[list[MutableMapping[str, Any]]]:
     """Capture agentkv's structlog events as dicts (``event``, ``log_level`` and the event's fields)."""
     import structlog
 

@@ -74,7 +74,8 @@ def main() -> None:
         print(f"speed-up of {name} over full litellm recount: {base / statistics.mean(results[name]):.1f}x")
     probe = [{"role": "user", "content": "hi"}]
     rendered = template.count(Payload(tuple(probe), tuple(TOOLS))).tools
-    counted = litellm.token_counter(model="gpt-4", messages=probe, tools=TOOLS) - litellm.token_counter(model="gpt-4", messages=probe)
+    with_tools = litellm.token_counter(model="gpt-4", messages=probe, tools=TOOLS)
+    counted = with_tools - litellm.token_counter(model="gpt-4", messages=probe)
     print(f"20 tool schemas: template-rendered {rendered} tokens, litellm.token_counter {counted} "
           f"({(counted - rendered) / rendered:+.0%})")
 

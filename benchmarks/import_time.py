@@ -27,7 +27,8 @@ def main() -> None:
     agentkv_s = measure("agentkv")
     litellm_s = measure("litellm")
     heavy = subprocess.run(
-        [sys.executable, "-c", "import sys, agentkv; print(sorted(m for m in ('litellm','torch','transformers') if m in sys.modules))"],
+        [sys.executable, "-c",
+         "import sys, agentkv; print(sorted(m for m in ('litellm','torch','transformers') if m in sys.modules))"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
     print(f"import agentkv : {agentkv_s * 1000:8.1f} ms   (heavy modules loaded: {heavy})")

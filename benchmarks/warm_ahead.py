@@ -16,7 +16,7 @@ import logging
 
 import structlog
 
-from agentkv.demo import DemoConfig, run_both
+from agentkv.demo.runs import DemoConfig, run_both
 
 
 def main() -> None:

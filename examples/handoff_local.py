@@ -21,7 +21,7 @@ from pathlib import Path
 from _support import parse_args, quiet_logs
 
 from agentkv import Backend, Session, WindowDiscovery
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.warm import CooldownMap
 
 

@@ -17,7 +17,7 @@ from agentkv import Session
 from agentkv._env import import_litellm
 from agentkv.integrations.litellm import AgentKVLogger
 from agentkv.overflow import overflow_from_error
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv.demo.script import TOOLS, ScriptedAgent
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
     python examples/quickstart.py [--quick]
 
-A scripted agent (agentkv.scripted) appends a tool call and its result each turn; every turn goes
+A scripted agent (agentkv.demo.script) appends a tool call and its result each turn; every turn goes
 through ``Session.completion``: counted exactly, routed to fast while it fits, warmed at 60% of the
 fast window, and sent straight to slow once it no longer fits.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from _support import parse_args, print_ledger, print_stats, quiet_logs, servers
 
 from agentkv import Session
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv.demo.script import TOOLS, ScriptedAgent
 
 
 def main() -> int:

@@ -236,7 +236,7 @@ async def test_async_generator_session_lives_for_its_steps_only(defaults):
     """An async generator gets the same scoping: its Session during its steps only, closed by aclose()."""
     @session
     async def stream(n):
-        for i in range(n):
+        for _ in range(n):
             await asyncio.sleep(0)
             await acompletion(messages=HI)
             yield current_session()
@@ -263,7 +263,7 @@ def test_against_the_embedded_server(fresh):
 
 async def test_a_warm_fired_in_a_coroutine_outlives_the_call(fresh):
     """Closing a decorated coroutine's Session leaves its async warm-ahead running to the slow server."""
-    from agentkv.scripted import TOOLS, ScriptedAgent
+    from agentkv.demo.script import TOOLS, ScriptedAgent
 
     fast = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
     slow = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")

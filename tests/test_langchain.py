@@ -20,7 +20,7 @@ from agentkv.integrations.langchain import (
     AsyncAgentKVCallbackHandler,
     chat_request,
 )
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv.demo.script import TOOLS, ScriptedAgent
 from conftest import chat_requests
 
 TOOLS8 = TOOLS[:8]

@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from agentkv import Backend, Session
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv.demo.script import TOOLS, ScriptedAgent
 from conftest import chat_requests
 
 TOOLS8 = TOOLS[:8]

@@ -15,6 +15,7 @@ EXPECTED = {
     "__version__", "decide_route", "decide_warm", "default_discovery", "derive_cache_salt",
     "overflow_from_error", "parse_overflow", "payload_from_request", "plan_recovery",
     "NoSessionError", "RunResult", "Tool", "current_session", "function_schema", "session",
+    "CompletionClient", "SessionLike", "Observation", "acompletion", "completion", "configure",
 }
 
 

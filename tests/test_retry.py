@@ -16,7 +16,8 @@ class APIConnectionError(Exception):
 
 
 @pytest.mark.parametrize("error,expected", [
-    (Status(408), True), (Status(429), True), (Status(500), True), (Status(503), True), (Status(400), False), (Status(404), False),
+    (Status(408), True), (Status(429), True), (Status(500), True), (Status(503), True),
+    (Status(400), False), (Status(404), False),
     (APIConnectionError("reset"), True), (TimeoutError(), True), (ValueError("x"), False),
 ])
 def test_transient_classification(error, expected):

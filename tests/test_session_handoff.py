@@ -8,8 +8,8 @@ from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random
 from agentkv.local.engine import LocalEngine
 from agentkv.local.models import build_model
 from agentkv.local.server import LocalServer, engine_at
-from agentkv.scripted import TOOLS, ScriptedAgent
-from agentkv.session_handoff import Handoff
+from agentkv.demo.script import TOOLS, ScriptedAgent
+from agentkv._session.escalation import Handoff
 from agentkv.warm import CooldownMap
 
 

@@ -5,7 +5,9 @@ import copy
 import pytest
 
 from agentkv import Backend, ContextOverflowError, Session, WindowDiscovery
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv._http import HttpError
+from agentkv.testing import FakeHttp
+from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.testing import FakeClock, capture_events
 from agentkv.tokens import TemplateSource, TokenCount, TokenCounter
 from conftest import chat_requests
@@ -144,11 +146,11 @@ def test_window_change_is_picked_up_after_ttl(fresh):
 
 def test_discovery_failure_does_not_break_the_request(fresh):
     """With /models unreachable the request still goes out and is answered."""
-    def broken(url):
-        raise ConnectionError("connection refused")
+    def broken(method, url, body):
+        raise HttpError("ConnectError from /v1/models")
 
     msgs, tools = conversation(0)
-    with capture_events() as events, session(fresh, discovery=WindowDiscovery(http_get=broken)) as s:
+    with capture_events() as events, session(fresh, discovery=WindowDiscovery(http=FakeHttp(broken))) as s:
         resp = s.completion(messages=msgs, tools=tools, max_tokens=4)
     assert resp.choices and s.last_route.backend == "fast" and s.last_route.window is None
     assert any(e["event"] == "discovery_failed" for e in events)

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from agentkv.encodings import encode, get_encoding
-from agentkv.templates import render_chat
+from agentkv._http import HttpError
+from agentkv.testing import FakeHttp
+from agentkv.tokens.encodings import encode, get_encoding
+from agentkv.tokens.templates import render_chat
 from agentkv.tokens import (
     CharSource, ChunkedEncoder, Payload, ServerSource, TemplateSource, TiktokenSource, TokenCounter,
     payload_from_request,
@@ -123,28 +125,24 @@ def test_char_estimators_have_their_stated_bias():
 
 def test_server_source_uses_chat_form_and_caches():
     """/tokenize is asked with the chat form once per distinct payload."""
-    seen = []
-
-    def post(url, body):
-        seen.append((url, body))
-        return {"count": 7 + len(body.get("tools", [])), "max_model_len": 4096, "tokens": list(range(7))}
-
-    src = ServerSource(Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1"), http_post=post)
+    http = FakeHttp(lambda method, url, body: {"count": 7 + len(body.get("tools", [])), "max_model_len": 4096,
+                                               "tokens": list(range(7))})
+    src = ServerSource(Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1"), http=http)
     payload = Payload(({"role": "user", "content": "hi"},))
     assert src.count(payload).total == 7
     assert src.count(payload).total == 7
-    assert len(seen) == 1
-    url, body = seen[0]
+    assert len(http.calls) == 1
+    url, body = http.calls[0].url, http.calls[0].body
     assert url == "http://127.0.0.1:9/tokenize"
     assert body == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}
 
 
 def test_counter_falls_back_when_server_fails():
     """A server without /tokenize falls back to tiktoken, and says so."""
-    def post(url, body):
-        raise ConnectionError("refused")
+    def refuse(method, url, body):
+        raise HttpError("ConnectError from /tokenize")
 
-    counter = TokenCounter.for_backend(Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1"), http_post=post)
+    counter = TokenCounter.for_backend(Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1"), http=FakeHttp(refuse))
     count = counter.count(Payload(({"role": "user", "content": "hi"},)))
     assert count.source == "tiktoken" and not count.exact
 

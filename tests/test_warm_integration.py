@@ -3,7 +3,7 @@
 import copy
 
 from agentkv import Backend, Session
-from agentkv.scripted import TOOLS, ScriptedAgent
+from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.testing import FakeClock, capture_events
 from agentkv.warm import CooldownMap
 from conftest import chat_requests
@@ -75,6 +75,7 @@ def test_escalation_hits_the_warmed_prefix(fresh):
     warmed = next(e for e in s.ledger if e.warm == "fire").input_tokens
     escalated = s.ledger[-1]
     assert escalated.reason == "proactive" and escalated.cached_tokens >= 0.8 * warmed
+    assert s.drain_warms(30)  # the warm-prefix check runs off the request path
     assert s.stats()["escalations_after_warm"] == 1 and s.stats()["cached_tokens_on_escalation"] >= 0.8 * warmed
     assert s.stats()["warm_prefix_broken"] == 0
 
@@ -167,6 +168,7 @@ def test_broken_warm_prefix_warns_at_escalation(fresh):
         changed = [{"role": "system", "content": "A different system prompt."}] + history[9][1:]
         with capture_events() as events:
             s.completion(messages=changed, tools=TOOLS8, max_tokens=2)
+            assert s.drain_warms(30)  # the check runs off the request path
     assert s.stats()["warm_prefix_broken"] == 1
     assert any(e["event"] == "warm_prefix_broken" and e["log_level"] == "warning" for e in events)
 

@@ -8,11 +8,12 @@ import time
 SCRIPT = textwrap.dedent('''
     import socket
     from agentkv import Backend, RoutePolicy, Session, WindowDiscovery
+    from agentkv.testing import FakeHttp, models_answer
 
     hole = socket.socket(); hole.bind(("127.0.0.1", 0)); hole.listen(8)   # accepts, never answers
     base = f"http://127.0.0.1:{hole.getsockname()[1]}/v1"
     slow = Backend("hosted_vllm/big", api_base=base, name="slow", window=100000)
-    discovery = WindowDiscovery(http_get=lambda url: {"data": [{"id": "big", "max_model_len": 100000}]})
+    discovery = WindowDiscovery(http=FakeHttp(lambda method, url, body: models_answer("big", 100000)))
 
     class Answers:
         def completion(self, **kw):

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from agentkv.errors import ConfigurationError
-from agentkv.testing import FakeClock
+from agentkv.testing import FakeClock, FakeHttp, models_answer
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, decide_warm
 from agentkv.tenancy import derive_cache_salt, with_cache_salt
 
@@ -114,7 +114,7 @@ def test_a_thousand_sessions_across_eight_threads_keep_the_shared_map_bounded():
             return {"choices": [{"message": {"role": "assistant", "content": ""}}], "usage": {}}
 
     shared = CooldownMap(maxsize=256)
-    discovery = WindowDiscovery(http_get=lambda url: {"data": [{"id": "big", "max_model_len": 100_000}]})
+    discovery = WindowDiscovery(http=FakeHttp(lambda method, url, body: models_answer("big", 100_000)))
     fast = Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", name="fast", window=1000)
     slow = Backend("hosted_vllm/big", api_base="http://127.0.0.1:8/v1", name="slow")
     message = [{"role": "user", "content": "word " * 700}]

@@ -39,10 +39,10 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
-from agentkv.session_parts import Observation
+from agentkv.protocols import SessionLike
+from agentkv._session.attempts import OBSERVED_KEYS, Observation
 
 COUNTERS = ("observed", "blocked", "usage_recorded", "overflow_errors", "other_errors", "unknown_runs")
-_PASSED_PARAMS = ("tools", "tool_choice", "max_tokens", "max_completion_tokens")
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -50,7 +50,7 @@ def chat_request(messages: Sequence[BaseMessage], invocation_params: Mapping[str
     """The OpenAI-style request kwargs of one LangChain chat call: messages, plus bound tools and budgets."""
     params = invocation_params or {}
     request: dict[str, Any] = {"messages": convert_to_openai_messages(list(messages))}
-    for key in _PASSED_PARAMS:
+    for key in OBSERVED_KEYS:
         value = params.get(key)
         if value is None or (key.startswith("max_") and (not isinstance(value, int) or value < 1)):
             continue
@@ -58,14 +58,14 @@ def chat_request(messages: Sequence[BaseMessage], invocation_params: Mapping[str
     return request
 
 
-def refusal(observation: Observation, session: Any) -> ContextOverflowError | None:
+def refusal(observation: Observation, session: SessionLike) -> ContextOverflowError | None:
     """The error that stops an observed call which cannot be sent as it is to the fast model, or None."""
     decision, count = observation.decision, observation.count
     fast = session.fast.label
     slow = session.slow.label if session.slow is not None else None
     windows = {fast: observation.window}
     if slow is not None:
-        windows[slow] = session.discovery.window(session.slow).window
+        windows[slow] = observation.slow_window
     base = f"{count.total} input tokens (counted by {count.source}) do not fit {fast!r} (window {observation.window})"
     if decision is None:
         return ContextOverflowError(f"{base}, nor any other backend; nothing was sent",
@@ -104,7 +104,7 @@ class _Accounting:
     long prefixes).
     """
 
-    def __init__(self, session: Any, block_overflow: bool) -> None:
+    def __init__(self, session: SessionLike, block_overflow: bool) -> None:
         self.session = session
         self.block_overflow = block_overflow
         self.raise_error = block_overflow  # LangChain re-raises a handler's error only when this is True
@@ -173,7 +173,7 @@ class _Accounting:
 class AgentKVCallbackHandler(_Accounting, BaseCallbackHandler):
     """Accounts LangChain chat-model calls in ``session``; ``block_overflow`` stops calls that will not fit."""
 
-    def __init__(self, session: Any, *, block_overflow: bool = False) -> None:
+    def __init__(self, session: SessionLike, *, block_overflow: bool = False) -> None:
         super().__init__(session, block_overflow)
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID,
@@ -191,7 +191,7 @@ class AgentKVCallbackHandler(_Accounting, BaseCallbackHandler):
 class AsyncAgentKVCallbackHandler(_Accounting, AsyncCallbackHandler):
     """The async twin of :class:`AgentKVCallbackHandler` (counts over async HTTP; warms run as tasks)."""
 
-    def __init__(self, session: Any, *, block_overflow: bool = False) -> None:
+    def __init__(self, session: SessionLike, *, block_overflow: bool = False) -> None:
         super().__init__(session, block_overflow)
 
     async def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *,
@@ -221,7 +221,7 @@ class AgentKVRouter(Runnable[Any, BaseMessage]):
         agent_model = router.bind_tools([search, fetch])
     """
 
-    def __init__(self, fast_model: Runnable[Any, Any], slow_model: Runnable[Any, Any], session: Any, *,
+    def __init__(self, fast_model: Runnable[Any, Any], slow_model: Runnable[Any, Any], session: SessionLike, *,
                  tools: Sequence[Any] | None = None) -> None:
         self.fast_model, self.slow_model, self.session = fast_model, slow_model, session
         bound = getattr(fast_model, "kwargs", None) or {}  # a RunnableBinding from model.bind_tools(...)

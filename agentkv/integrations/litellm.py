@@ -36,15 +36,16 @@ from typing import Any
 from agentkv import _env
 from agentkv.backends import Backend
 from agentkv.events import emit
+from agentkv.protocols import SessionLike
 from agentkv.overflow import overflow_from_error
-from agentkv.session_parts import response_cached_tokens
+from agentkv._session.attempts import OBSERVED_KEYS
+from agentkv._session.responses import response_cached_tokens
 
 _env.import_litellm()  # cost map local and tiktoken offline before litellm is first imported
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402 (after the environment is set)
 
 COUNTERS = ("observed", "ignored", "succeeded", "failed", "usage_recorded", "overflow_errors", "hook_errors")
 SESSION_TAG = "agentkv_session"
-_PASSED_PARAMS = ("tools", "tool_choice", "max_tokens", "max_completion_tokens")
 
 
 def addressed_to(backend: Backend) -> Callable[[Mapping[str, Any]], bool]:
@@ -68,7 +69,7 @@ def observed_request(messages: Any, details: Mapping[str, Any]) -> dict[str, Any
         return None
     optional = details.get("optional_params") or {}
     request: dict[str, Any] = {"messages": messages}
-    request.update({k: optional[k] for k in _PASSED_PARAMS if optional.get(k) is not None})
+    request.update({k: optional[k] for k in OBSERVED_KEYS if optional.get(k) is not None})
     return request
 
 
@@ -84,7 +85,7 @@ class AgentKVLogger(CustomLogger):
     ``match`` decides which calls are accounted (default: :func:`addressed_to` the fast backend).
     """
 
-    def __init__(self, session: Any, *, match: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
+    def __init__(self, session: SessionLike, *, match: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
         super().__init__()
         self.session = session
         self._match = match or addressed_to(session.fast)

@@ -2,7 +2,7 @@
 
 Two codecs share one small protocol. :class:`TiktokenCodec` is the default: tiktoken ``cl100k_base`` (special-token
 look-alikes encoded as text) with agentkv's ChatML/Qwen template, so the engine tokenizes exactly as
-:mod:`agentkv.encodings` counts. :class:`HFCodec` wraps a checkpoint's own tokenizer and, when it has one, its
+:mod:`agentkv.tokens.encodings` counts. :class:`HFCodec` wraps a checkpoint's own tokenizer and, when it has one, its
 chat template.
 
 Chat prompts are rendered to text and then encoded without special tokens, as vLLM does for chat requests.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from agentkv import encodings
-from agentkv.templates import normalise_messages, render_chat
+from agentkv.tokens import encodings
+from agentkv.tokens.templates import normalise_messages, render_chat
 
 
 @dataclass(frozen=True)

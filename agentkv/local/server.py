@@ -224,7 +224,7 @@ class LocalServer:
         The window is left to discovery (``/v1/models``) unless ``declare_window``; ``overrides`` are passed on.
         """
         from agentkv.backends import Backend
-        from agentkv.templates import CHATML_TOOLS_TEMPLATE
+        from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE
 
         tokenizer = self.engine.tokenizer
         if tokenizer is None:

@@ -1,4 +1,4 @@
-"""``agentkv demo``: a scripted ReAct agent on two embedded servers, warm-ahead against cold.
+"""The demo's runs: a scripted ReAct agent on two embedded servers, warm-ahead against cold.
 
 Two vLLM-compatible servers start on free loopback ports: fast (small model, 2048-token window) and
 slow (larger model, 16384-token window). A scripted agent's conversation grows turn by turn through
@@ -9,11 +9,8 @@ compares the escalated turn's time to first token in the two runs.
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 HONESTY = ("The embedded models have random weights: their text is meaningless. The timings, token counts, "
@@ -67,34 +64,6 @@ class DemoConfig:
         return cls(fast_size="tiny", slow_size="tiny", turns_after_escalation=1, tool_latency_s=0.05, max_tokens=4)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="tiny models and fewer turns (for tests)")
-    parser.add_argument("--out", default="agentkv-demo.png", help="where to write the plot (PNG)")
-    parser.add_argument("--tools", type=int, default=None, help="how many tool schemas the agent carries")
-
-
-def run(args: argparse.Namespace) -> int:
-    config = DemoConfig.quick() if args.quick else DemoConfig()
-    if args.tools:
-        config = DemoConfig(**{**config.__dict__, "tools": args.tools})
-    _quiet_logs()
-    from rich.console import Console
-
-    from agentkv.demo_report import headline, plot, table
-
-    console = Console(width=max(Console().width, 100))  # the table needs ~90 columns, also when piped
-    console.print(f"[bold]agentkv demo[/bold] — {HONESTY}")
-    console.print(f"Pacing: {config.tool_latency_s}s of tool time per turn, plus {config.think_time_s:.0f}s of user think "
-                  "time told to the warm-ahead cooldown clock (5 min per session) instead of slept.")
-    warm_run, cold_run = run_both(config, console)
-    console.print(table(warm_run, config))
-    console.print(table(cold_run, config))
-    console.print(headline(warm_run, cold_run))
-    path = plot(warm_run, cold_run, config, Path(args.out))
-    console.print(f"plot written to {path}")
-    return 0
-
-
 def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]:
     """Start both servers, run the conversation warm then cold, stop the servers."""
     from agentkv.local.server import LocalServer
@@ -135,32 +104,27 @@ def _warm_up_kernels(fast: Any, slow: Any) -> None:
 
 def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool) -> DemoRun:
     from agentkv import Session, WarmAheadPolicy
-    from agentkv.scripted import TOOLS, ScriptedAgent
+    from agentkv.demo.script import TOOLS, ScriptedAgent
     from agentkv.testing import FakeClock
     from agentkv.warm import CooldownMap
 
-    previous = os.environ.get("AGENTKV_WARM_AHEAD")
-    os.environ["AGENTKV_WARM_AHEAD"] = "1" if warm else "0"
     agent, tools, result = ScriptedAgent(result_rows=config.result_rows), TOOLS[: config.tools], DemoRun(label)
     messages = agent.opening()
-    try:
-        clock = FakeClock()
-        with Session(*_backends(fast, slow), tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
-                     cooldowns=CooldownMap(timer=clock), warm_ahead=WarmAheadPolicy(timeout_s=config.warm_timeout_s),
-                     ) as session:
-            after = 0
-            for _ in range(config.max_turns):
-                result.rows.append(_turn(session, messages, tools, config))
-                after += session.last_route.role == "slow"
-                if after > config.turns_after_escalation:
-                    break
-                time.sleep(config.tool_latency_s)  # the agent runs its tool
-                session.drain_warms(120)  # a warm fired this turn completes during the user's think time ...
-                clock.advance(config.think_time_s)  # ... which the cooldown clock is told about
-                messages = messages + agent.next_turn()
-            result.stats = session.stats()
-    finally:
-        _restore("AGENTKV_WARM_AHEAD", previous)
+    clock = FakeClock()
+    policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm)
+    with Session(*_backends(fast, slow), tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
+                 cooldowns=CooldownMap(timer=clock), warm_ahead=policy) as session:
+        after = 0
+        for _ in range(config.max_turns):
+            result.rows.append(_turn(session, messages, tools, config))
+            after += session.last_route.role == "slow"
+            if after > config.turns_after_escalation:
+                break
+            time.sleep(config.tool_latency_s)  # the agent runs its tool
+            session.drain_warms(120)  # a warm fired this turn completes during the user's think time ...
+            clock.advance(config.think_time_s)  # ... which the cooldown clock is told about
+            messages = messages + agent.next_turn()
+        result.stats = session.stats()
     return result
 
 
@@ -181,18 +145,3 @@ def _carries_output(chunk: Any) -> bool:
     """A chunk with generated text or a finish reason: the first one marks time to first token."""
     choices = getattr(chunk, "choices", None) or []
     return any(getattr(c.delta, "content", None) or getattr(c, "finish_reason", None) for c in choices)
-
-
-def _restore(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
-def _quiet_logs() -> None:
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

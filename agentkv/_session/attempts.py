@@ -1,4 +1,4 @@
-"""Value objects and request builders the Session's drivers share.
+"""One try at sending a request, the record of an observed one, and the request builders.
 
 The real request and the warm-ahead request are built by the same function, so their messages,
 tools, ``tool_choice``, chat-template kwargs and ``cache_salt`` are serialised the same way and the
@@ -20,6 +20,8 @@ from agentkv.tokens import Payload, TokenCount
 PROMPT_KEYS = ("messages", "tools", "tool_choice", "functions", "chat_template", "chat_template_kwargs",
                "add_generation_prompt", "continue_final_message", "documents", "reasoning_effort", "extra_body")
 _ADDRESS_KEYS = ("model", "api_base", "base_url", "api_key")
+# What an observer (a LangChain callback, a litellm logger) passes to ``Session.observe`` besides messages.
+OBSERVED_KEYS = ("tools", "tool_choice", "max_tokens", "max_completion_tokens")
 
 
 @dataclass
@@ -44,14 +46,16 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Observation:
-    """A request accounted by :meth:`Session.observe`: its ledger turn, its count, and the route agentkv
-    would have chosen (``fits`` is False when the fast backend cannot take it as it is)."""
+    """A request accounted by :meth:`Session.observe`: its ledger turn, its count, the route agentkv
+    would have chosen (``fits`` is False when the fast backend cannot take it as it is), and the fast
+    (``window``) and slow (``slow_window``) windows it was decided with."""
 
     turn: int
     count: TokenCount
     decision: RouteDecision | None
     window: int | None
     warm: str
+    slow_window: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -90,60 +94,3 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
     call = request_kwargs(slow, shaped, salt, max_tokens=1)
     call["timeout"] = timeout_s
     return call
-
-
-def response_cached_tokens(response: Any) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens`` of a litellm response (or dict), when reported."""
-    usage = _field(response, "usage")
-    details = _field(usage, "prompt_tokens_details")
-    cached = _field(details, "cached_tokens")
-    return int(cached) if isinstance(cached, int) else None
-
-
-def _field(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-class StreamWatcher:
-    """Wraps a litellm stream (sync or async), passing every chunk through unchanged.
-
-    When a chunk carries ``usage`` (``stream_options={"include_usage": True}``), its cached tokens are
-    handed to ``on_usage`` once; every other attribute is the wrapped stream's.
-    """
-
-    def __init__(self, stream: Any, on_usage: Any) -> None:
-        self._stream = stream
-        self._on_usage = on_usage
-        self._reported = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-    def _see(self, chunk: Any) -> Any:
-        if not self._reported and _field(chunk, "usage") is not None:
-            self._reported = True
-            self._on_usage(response_cached_tokens(chunk))
-        return chunk
-
-    def __iter__(self) -> "StreamWatcher":
-        return self
-
-    def __next__(self) -> Any:
-        return self._see(next(self._iter()))
-
-    def _iter(self) -> Any:
-        if not hasattr(self, "_sync_it"):
-            self._sync_it = iter(self._stream)
-        return self._sync_it
-
-    def __aiter__(self) -> "StreamWatcher":
-        return self
-
-    async def __anext__(self) -> Any:
-        if not hasattr(self, "_async_it"):
-            self._async_it = self._stream.__aiter__()
-        return self._see(await self._async_it.__anext__())

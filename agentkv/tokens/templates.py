@@ -97,10 +97,10 @@ def render_chat(
 ) -> str:
     """Render a conversation to the exact text a server using ``template`` would tokenize."""
     compiled = _compiled(template or CHATML_TOOLS_TEMPLATE)
-    return compiled.render(
+    return str(compiled.render(
         messages=normalise_messages(messages),
         tools=list(tools) if tools else None,
         tool_choice=tool_choice,
         add_generation_prompt=add_generation_prompt,
         **template_kwargs,
-    )
+    ))

@@ -25,9 +25,9 @@ def get_encoding(name: str = DEFAULT_ENCODING) -> Any:
 
 def encode(encoding: Any, text: str) -> list[int]:
     """Token ids of ``text``, special-token look-alikes encoded as plain text."""
-    return encoding.encode(text, disallowed_special=())
+    return list(encoding.encode(text, disallowed_special=()))
 
 
 def eos_token_id(encoding: Any) -> int:
     """The encoding's end-of-text id, used as EOS by the embedded engine."""
-    return encoding.eot_token
+    return int(encoding.eot_token)

@@ -1,4 +1,10 @@
-"""KV handoff at escalation, for Sessions whose backends are in-process embedded engines.
+"""What happens at the escalation besides the request: the KV handoff, and the warm-prefix check.
+
+The warm-prefix check compares what warm-ahead warmed with what the escalation sent (rendered
+tokens, from the slow backend's counter) and warns when the warm no longer prefixes it. It is a
+diagnostic: the driver runs it in the background, never on the request path.
+
+KV handoff at escalation, for Sessions whose backends are in-process embedded engines.
 
 At the move from fast to slow, a configured mapper (``Session(..., handoff="ridge", mapper=PATH)``)
 takes the fast engine's cached KV for the conversation's prefix, maps it, and installs it in the slow
@@ -17,9 +23,10 @@ from typing import Any
 from agentkv.backends import Backend
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
-from agentkv.payload import Payload
-
-REPLAY = "replay"
+from agentkv.handoff.plan import REPLAY
+from agentkv.prefix import PrefixReport, build_report, explain_divergence
+from agentkv.stats import SessionStats
+from agentkv.tokens import Payload, TokenCounter
 
 
 @dataclass(frozen=True)
@@ -93,3 +100,33 @@ class Handoff:
     def _fallback(self, reason: str) -> HandoffOutcome:
         emit("handoff.fallback", level="warning", backend=REPLAY, configured=self.backend, reason=reason)
         return HandoffOutcome(0, REPLAY, reason, fallback=True)
+
+
+def prefix_report(previous: Payload, current: Payload, prev_ids: tuple[list[int], bool],
+                  ids: tuple[list[int], bool]) -> PrefixReport:
+    """Compare two payloads' rendered token ids (each with whether it is exact) and explain the split."""
+    divergence = explain_divergence(previous.messages or (), previous.tools, current.messages or (), current.tools)
+    return build_report(prev_ids[0], ids[0], divergence, exact=prev_ids[1] and ids[1])
+
+
+def check_warm_prefix(counter: TokenCounter, warmed: Payload, sent: Payload, stats: SessionStats,
+                      session_id: str) -> None:
+    """Warn when the warmed prompt is not a prefix of the escalated one (run off the request path)."""
+    report = prefix_report(warmed, sent, counter.token_ids(warmed, add_generation_prompt=False),
+                           counter.token_ids(sent))
+    _judge(report, stats, session_id)
+
+
+async def acheck_warm_prefix(counter: TokenCounter, warmed: Payload, sent: Payload, stats: SessionStats,
+                             session_id: str) -> None:
+    """:func:`check_warm_prefix` over async HTTP (run as a background task)."""
+    report = prefix_report(warmed, sent, await counter.atoken_ids(warmed, add_generation_prompt=False),
+                           await counter.atoken_ids(sent))
+    _judge(report, stats, session_id)
+
+
+def _judge(report: PrefixReport, stats: SessionStats, session_id: str) -> None:
+    if not report.intact:
+        stats.add("warm_prefix_broken")
+        emit("warm_prefix_broken", level="warning", reason=report.reason, reusable_tokens=report.reusable_tokens,
+             warmed_tokens=report.previous_tokens, session=session_id)

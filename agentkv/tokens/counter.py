@@ -16,20 +16,16 @@ builder sends (:func:`payload_from_request`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
+from agentkv._http import HttpTransport
 from agentkv.backends import Backend
-from agentkv.encodings import DEFAULT_ENCODING
 from agentkv.events import emit
-from agentkv.payload import CountUnavailable, Payload, TokenCount, TokenSource, payload_from_request
-from agentkv.token_sources import (
-    CharSource, ChunkedEncoder, ServerSource, TemplateSource, TiktokenSource,
-)
+from agentkv.tokens.encodings import DEFAULT_ENCODING
+from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource
+from agentkv.tokens.sources import CharSource, ServerSource, TemplateSource, TiktokenSource
 
-__all__ = [
-    "CharSource", "ChunkedEncoder", "CountUnavailable", "Payload", "ServerSource", "TemplateSource",
-    "TiktokenSource", "TokenCount", "TokenCounter", "TokenSource", "payload_from_request",
-]
+__all__ = ["TokenCounter"]
 
 
 class TokenCounter:
@@ -43,13 +39,13 @@ class TokenCounter:
 
     @classmethod
     def for_backend(cls, backend: Backend, *, use_server: bool = True,
-                    http_post: Callable[[str, Any], Any] | None = None) -> "TokenCounter":
+                    http: HttpTransport | None = None) -> "TokenCounter":
         """The ladder for ``backend``: its template, its server's /tokenize, tiktoken, characters."""
-        sources: list[TokenSource] = []
+        sources: list[TokenSource | None] = []
         if backend.tokenizer is not None:
             sources.append(TemplateSource(backend.tokenizer, backend.chat_template))
         if use_server and backend.server_root is not None:
-            sources.append(ServerSource(backend, http_post=http_post))
+            sources.append(ServerSource(backend, http=http))
         sources += [_tiktoken_or_none(), CharSource()]
         return cls([s for s in sources if s is not None], backend_label=backend.label)
 
@@ -66,23 +62,37 @@ class TokenCounter:
         """:meth:`count` for async callers: server sources are asked over async HTTP."""
         for source in self.sources:
             try:
-                acount = getattr(source, "acount", None)
-                return await acount(payload) if acount else source.count(payload)
+                return await source.acount(payload) if isinstance(source, ServerSource) else source.count(payload)
             except CountUnavailable as exc:
                 emit("count_source_unavailable", level="debug", backend=self._label, source=source.name, reason=str(exc))
         raise AssertionError("CharSource never fails")  # pragma: no cover
 
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> tuple[list[int], bool]:
         """Rendered token ids and whether they are exact (a cl100k/ChatML rendering otherwise)."""
-        for source in self.sources:
-            ids = getattr(source, "token_ids", None)
-            if ids is None or source.name not in ("template", "server"):
-                continue
+        for source in self._id_sources():
             try:
-                return ids(payload, add_generation_prompt=add_generation_prompt), True
+                return source.token_ids(payload, add_generation_prompt=add_generation_prompt), True
             except CountUnavailable:
                 continue
-        return TemplateSource(DEFAULT_ENCODING).token_ids(payload, add_generation_prompt=add_generation_prompt), False
+        return _approximate_ids(payload, add_generation_prompt), False
+
+    async def atoken_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> tuple[list[int], bool]:
+        """:meth:`token_ids` for async callers: the server is asked over async HTTP."""
+        for source in self._id_sources():
+            try:
+                if isinstance(source, ServerSource):
+                    return await source.atoken_ids(payload, add_generation_prompt=add_generation_prompt), True
+                return source.token_ids(payload, add_generation_prompt=add_generation_prompt), True
+            except CountUnavailable:
+                continue
+        return _approximate_ids(payload, add_generation_prompt), False
+
+    def _id_sources(self) -> list[TemplateSource | ServerSource]:
+        return [s for s in self.sources if isinstance(s, (TemplateSource, ServerSource))]
+
+
+def _approximate_ids(payload: Payload, add_generation_prompt: bool) -> list[int]:
+    return TemplateSource(DEFAULT_ENCODING).token_ids(payload, add_generation_prompt=add_generation_prompt)
 
 
 def _tiktoken_or_none() -> TokenSource | None:

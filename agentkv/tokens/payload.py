@@ -6,9 +6,10 @@ messages are what the payload builder sends, so they are what is counted.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
+
+from agentkv.events import canonical_json
 
 
 class CountUnavailable(Exception):
@@ -27,8 +28,8 @@ class Payload:
 
     def char_count(self) -> int:
         """Characters of everything counted: message text, tool calls, tool schemas."""
-        return len(_canonical(self.messages if self.messages is not None else self.prompt)) + len(
-            _canonical(self.tools or [])
+        return len(canonical_json(self.messages if self.messages is not None else self.prompt)) + len(
+            canonical_json(self.tools or [])
         )
 
 
@@ -61,12 +62,6 @@ def _prompt_text(prompt: Any) -> str:
     if isinstance(prompt, Sequence) and all(isinstance(p, str) for p in prompt):
         return "".join(prompt)
     raise ValueError(f"'prompt' must be a string or a list of strings, got {type(prompt).__name__}")
-
-
-def _canonical(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Token sources: the backend's template, the server's /tokenize, tiktoken, and biased character counts.
 
-Each source counts a :class:`~agentkv.payload.Payload` or raises
-:class:`~agentkv.payload.CountUnavailable`; :class:`~agentkv.tokens.TokenCounter` tries them best first.
+Each source counts a :class:`~agentkv.tokens.Payload` or raises
+:class:`~agentkv.tokens.CountUnavailable`; :class:`~agentkv.tokens.TokenCounter` tries them best first.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cachetools import LRUCache
 
+from agentkv._http import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend
-from agentkv.encodings import DEFAULT_ENCODING, encode, get_encoding
-from agentkv.events import digest, emit
-from agentkv.payload import CountUnavailable, Payload, TokenCount, _canonical
-from agentkv.templates import render_chat
+from agentkv.events import canonical_json, digest, emit
+from agentkv.tokens.encodings import DEFAULT_ENCODING, encode, get_encoding
+from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
+from agentkv.tokens.templates import render_chat
 
 # A point right after a newline and before a non-space character is a pre-token boundary for the
 # GPT-style splitting regexes (cl100k, o200k, Qwen2): no pre-token runs across it, so token counts of
@@ -85,10 +86,10 @@ class TemplateSource:
         if self._hf is not None:
             if payload.tool_choice is not None:
                 kwargs.setdefault("tool_choice", payload.tool_choice)  # visible to templates that render it
-            return self._hf.apply_chat_template(
+            return str(self._hf.apply_chat_template(
                 [dict(m) for m in payload.messages], tools=list(payload.tools or []) or None,
                 chat_template=self._template, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs,
-            )
+            ))
         return render_chat(
             payload.messages, payload.tools, tool_choice=payload.tool_choice,
             add_generation_prompt=add_generation_prompt, template=self._template, **kwargs,
@@ -135,19 +136,20 @@ def _encode_fn(tokenizer: Any, is_hf: bool) -> Callable[[str], Sequence[int]]:
 class ServerSource:
     """Exact counts from vLLM's ``POST /tokenize`` (chat form), cached per payload digest.
 
-    ``http_post`` is ``(url, json_body) -> parsed JSON``. A server without ``/tokenize`` (404/405) is
-    remembered and not asked again by this source.
+    ``http`` is the HTTP seam (:func:`agentkv._http.default_http` unless given). A server without
+    ``/tokenize`` (404/405) is remembered and not asked again by this source. The sync and the async
+    methods share one cache and one body builder; only the transport call differs.
     """
 
     name = "server"
 
-    def __init__(self, backend: Backend, *, http_post: Callable[[str, Any], Any] | None = None,
-                 timeout_s: float = 5.0, maxsize: int = 512) -> None:
+    def __init__(self, backend: Backend, *, http: HttpTransport | None = None, timeout_s: float = 5.0,
+                 maxsize: int = 512) -> None:
         if backend.server_root is None:
             raise CountUnavailable(f"backend {backend.label!r} has no api_base to ask /tokenize")
         self._backend = backend
         self._url = f"{backend.server_root}/tokenize"
-        self._post = http_post or _httpx_poster(timeout_s)
+        self._http = http or default_http()
         self._timeout_s = timeout_s
         self._memo: LRUCache[str, dict[str, Any]] = LRUCache(maxsize)
         self._lock = threading.Lock()
@@ -169,6 +171,59 @@ class ServerSource:
         body.update(overrides)
         return body
 
+    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The server's answer for ``body``, from the cache when the same body was sent before."""
+        key, cached = self._remembered(body)
+        if cached is not None:
+            return cached
+        try:
+            answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s)
+        except HttpError as exc:
+            raise self._unavailable(exc) from exc
+        return self._remember(key, self._checked(answer))
+
+    async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`tokenize` over async HTTP, sharing the same cache."""
+        key, cached = self._remembered(body)
+        if cached is not None:
+            return cached
+        try:
+            answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s)
+        except HttpError as exc:
+            raise self._unavailable(exc) from exc
+        return self._remember(key, self._checked(answer))
+
+    def count(self, payload: Payload) -> TokenCount:
+        total = self.tokenize(self.request_body(payload))["count"]
+        return self._count(total, [self.tokenize(body)["count"] for body in self._tool_probes(payload)])
+
+    async def acount(self, payload: Payload) -> TokenCount:
+        """:meth:`count` over async HTTP."""
+        total = (await self.atokenize(self.request_body(payload)))["count"]
+        return self._count(total, [(await self.atokenize(body))["count"] for body in self._tool_probes(payload)])
+
+    def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """The server's token ids for the payload."""
+        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
+        return list(self.tokenize(body).get("tokens") or [])
+
+    async def atoken_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """:meth:`token_ids` over async HTTP."""
+        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
+        return list((await self.atokenize(body)).get("tokens") or [])
+
+    def _count(self, total: int, probes: list[int]) -> TokenCount:
+        tools = max(0, probes[0] - probes[1]) if probes else 0
+        return TokenCount(total, total, min(tools, total), self.name, True)
+
+    def _tool_probes(self, payload: Payload) -> list[dict[str, Any]]:
+        """Two /tokenize bodies whose counts differ by the tool schemas' tokens (none without tools)."""
+        if not payload.tools or payload.messages is None:
+            return []
+        probe = ({"role": "user", "content": ""},)
+        return [self.request_body(Payload(probe, payload.tools), add_generation_prompt=False),
+                self.request_body(Payload(probe), add_generation_prompt=False)]
+
     def _remembered(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
         if self.unsupported:
             raise CountUnavailable("server has no /tokenize")
@@ -181,86 +236,16 @@ class ServerSource:
             self._memo[key] = answer
         return answer
 
-    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The server's answer for ``body``, from the cache when the same body was sent before."""
-        key, cached = self._remembered(body)
-        return cached if cached is not None else self._remember(key, self._ask(body))
-
-    async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """:meth:`tokenize` over async HTTP, sharing the same cache."""
-        key, cached = self._remembered(body)
-        if cached is not None:
-            return cached
-        import httpx
-
-        try:
-            async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-                response = await client.post(self._url, json=body)
-                response.raise_for_status()
-                answer = self._checked(response.json())
-        except CountUnavailable:
-            raise
-        except Exception as exc:
-            raise self._unavailable(exc) from exc
-        return self._remember(key, answer)
-
-    async def acount(self, payload: Payload) -> TokenCount:
-        """:meth:`count` over async HTTP."""
-        total = (await self.atokenize(self.request_body(payload)))["count"]
-        counts = [(await self.atokenize(body))["count"] for body in self._tool_probes(payload)]
-        tools = max(0, counts[0] - counts[1]) if counts else 0
-        return TokenCount(total, total, min(tools, total), self.name, True)
-
-    def _ask(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            answer = self._post(self._url, body)
-        except Exception as exc:
-            raise self._unavailable(exc) from exc
-        return self._checked(answer)
-
-    def _unavailable(self, exc: BaseException) -> CountUnavailable:
-        if getattr(getattr(exc, "response", None), "status_code", None) in (404, 405):
+    def _unavailable(self, exc: HttpError) -> CountUnavailable:
+        if exc.status_code in (404, 405):
             self.unsupported = True
-        return CountUnavailable(f"/tokenize failed: {type(exc).__name__}: {str(exc)[:160]}")
+        return CountUnavailable(f"/tokenize failed: {exc}")
 
     def _checked(self, answer: Any) -> dict[str, Any]:
         if not isinstance(answer, Mapping) or not isinstance(answer.get("count"), int):
             raise CountUnavailable("/tokenize answered without an integer 'count'")
         self.last_max_model_len = answer.get("max_model_len") or self.last_max_model_len
         return dict(answer)
-
-    def count(self, payload: Payload) -> TokenCount:
-        total = self.tokenize(self.request_body(payload))["count"]
-        tools = self._tools_tokens(payload)
-        return TokenCount(total, total, min(tools, total), self.name, True)
-
-    def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
-        """The server's token ids for the payload."""
-        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
-        return list(self.tokenize(body).get("tokens") or [])
-
-    def _tools_tokens(self, payload: Payload) -> int:
-        counts = [self.tokenize(body)["count"] for body in self._tool_probes(payload)]
-        return max(0, counts[0] - counts[1]) if counts else 0
-
-    def _tool_probes(self, payload: Payload) -> list[dict[str, Any]]:
-        """Two /tokenize bodies whose counts differ by the tool schemas' tokens (none without tools)."""
-        if not payload.tools or payload.messages is None:
-            return []
-        probe = ({"role": "user", "content": ""},)
-        return [self.request_body(Payload(probe, payload.tools), add_generation_prompt=False),
-                self.request_body(Payload(probe), add_generation_prompt=False)]
-
-
-def _httpx_poster(timeout_s: float) -> Callable[[str, Any], Any]:
-    def post(url: str, body: Any) -> Any:
-        import httpx
-
-        response = httpx.post(url, json=body, timeout=timeout_s)
-        response.raise_for_status()
-        return response.json()
-
-    return post
 
 
 class TiktokenSource:
@@ -329,7 +314,7 @@ class CharSource:
     name = "chars"
 
     def count(self, payload: Payload) -> TokenCount:
-        tools = len(_canonical(list(payload.tools or []))) // 4
+        tools = len(canonical_json(list(payload.tools or []))) // 4
         return TokenCount(_chars_low(payload), _chars_high(payload), tools, self.name, False)
 
 

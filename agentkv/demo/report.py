@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentkv.demo import DemoConfig, DemoRun
+from agentkv.demo.runs import DemoConfig, DemoRun
 
 
 _WARM_LABELS = {"fire": "[green]fired[/green]", "cooldown": "cooldown", "disabled": "off", "below_threshold": "<60%",

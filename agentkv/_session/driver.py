@@ -1,0 +1,480 @@
+"""The Session: routes each request of an agent's loop between a fast and a slow backend.
+
+``Session.completion`` and ``Session.acompletion`` are twin drivers, each read like tenacity's
+``Retrying.__call__``: gather the inputs that need I/O (windows and served models through
+:class:`~agentkv.backends.WindowDiscovery`, the count through :class:`~agentkv.tokens.TokenCounter`;
+the async driver awaits every one), ask the pure core for a decision (:mod:`agentkv.routing`,
+:mod:`agentkv.warm.policy`), send, and on a context overflow ask the core for the next try.
+
+    with Session(fast=fast, slow=slow, tenant="acme", session_id="chat-42") as s:
+        resp = s.completion(messages=messages, tools=tools, max_tokens=4096)
+        s.last_route, s.stats()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Mapping
+
+from agentkv import _env
+from agentkv._http import HttpTransport
+from agentkv._session.attempts import Attempt, Observation, warm_kwargs
+from agentkv._session.escalation import Handoff, acheck_warm_prefix, check_warm_prefix, prefix_report
+from agentkv._session.record import Recorder
+from agentkv.backends import Backend, WindowDiscovery, WindowInfo, default_discovery
+from agentkv.errors import ConfigurationError, ContextOverflowError
+from agentkv.events import emit, prompt_fields
+from agentkv.overflow import Overflow, overflow_from_error
+from agentkv.prefix import PrefixReport
+from agentkv.protocols import CompletionClient
+from agentkv.retry import RetryPolicy
+from agentkv.routing import (
+    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, is_escalation, no_slow_target,
+    plan_recovery, slow_target,
+)
+from agentkv.stats import LedgerEntry, SessionStats
+from agentkv.tenancy import derive_cache_salt
+from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, shared_cooldowns, shared_in_flight
+from agentkv.warm.sender import BackgroundJobs, WarmAhead
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What routing and warm-ahead need from I/O, gathered by a driver before any decision."""
+
+    fast: Target
+    slow: Target
+    slow_model_known: bool
+
+
+class Session:
+    """A fast/slow routing session for one conversation of one tenant.
+
+    ``fast`` answers while the conversation fits its window; ``slow`` takes what it cannot hold.
+    ``client`` is anything with litellm's ``completion``/``acompletion`` (litellm itself by default,
+    imported on first use and never on an event loop);
+    ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances; ``http``
+    is the HTTP seam the Session's own counters use (``/tokenize``).
+    ``cache_salt`` is sent as ``extra_body.cache_salt`` to self-hosted backends; when it is not given
+    and the Session has a tenant, it is derived as HMAC(``cache_salt_secret``, tenant) (the secret
+    defaulting to ``AGENTKV_CACHE_SALT_SECRET``).
+    """
+
+    def __init__(
+        self,
+        fast: Backend,
+        slow: Backend | None = None,
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        routing: RoutePolicy = RoutePolicy(),
+        warm_ahead: WarmAheadPolicy = WarmAheadPolicy(),
+        retry: RetryPolicy = RetryPolicy(),
+        discovery: WindowDiscovery | None = None,
+        cooldowns: CooldownMap | None = None,
+        in_flight: InFlightLimit | None = None,
+        cache_salt: str | None = None,
+        cache_salt_secret: str | None = None,
+        client: CompletionClient | None = None,
+        count_with_server: bool = True,
+        http: HttpTransport | None = None,
+        handoff: str | Handoff = "replay",
+        mapper: Any = None,
+        min_attention_cosine: float | None = None,
+    ) -> None:
+        _check_backends(fast, slow)
+        self.fast, self.slow = fast, slow
+        self.tenant = tenant
+        self.session_id = session_id or str(uuid.uuid4())
+        self.routing, self.warm_ahead, self.retry = routing, warm_ahead, retry
+        self.discovery = discovery or default_discovery()
+        self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
+        self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
+        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http)
+                         for b in self._backends()}
+        self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
+            handoff, mapper, min_attention_cosine=min_attention_cosine)
+        self._stats = SessionStats()
+        self.last_route: RouteDecision | None = None
+        self._history: list[Payload] = []
+        self._jobs = BackgroundJobs()
+        cooldowns = cooldowns or shared_cooldowns(warm_ahead.max_sessions, warm_ahead.cooldown_s)
+        self._warm = WarmAhead(warm_ahead, cooldowns.for_tenant(tenant),
+                               in_flight or shared_in_flight(warm_ahead.max_in_flight), self._stats, self._jobs,
+                               session_id=self.session_id, tenant=tenant)
+        self._record = Recorder(self._stats)
+        self.closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def close(self) -> None:
+        """Stop accepting requests. In-flight warms are left to finish or time out; nothing waits."""
+        self.closed = True
+
+    async def aclose(self) -> None:
+        """Async close. In-flight warm tasks run on, bounded by their timeout: a warm fired on the last
+        turn of a call is exactly the one the next call wants."""
+        self.close()
+
+    # ----------------------------------------------------------------- the drivers
+    def completion(self, **kwargs: Any) -> Any:
+        """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
+        payload = self._open_request(kwargs)
+        facts = self._facts()
+        attempt = self._plan(kwargs, payload, self._counter(self.fast).count(payload), facts)
+        self._maybe_warm(attempt, facts, asynchronous=False)
+        while True:
+            if self._needs_handoff(attempt):
+                self._handoff(attempt)
+            call = attempt.call_kwargs
+            try:
+                response = self.retry.call(functools.partial(self.client.completion, **call))
+            except Exception as error:
+                overflow = _overflow_or_reraise(error)
+                attempt = self._recover(attempt, error, overflow, self._recount(attempt), self._facts())
+                continue
+            return self._finish(attempt, response, asynchronous=False)
+
+    async def acompletion(self, **kwargs: Any) -> Any:
+        """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
+        payload = self._open_request(kwargs)
+        facts = await self._afacts()
+        attempt = self._plan(kwargs, payload, await self._counter(self.fast).acount(payload), facts)
+        self._maybe_warm(attempt, facts, asynchronous=True)
+        while True:
+            if self._needs_handoff(attempt):
+                await asyncio.to_thread(self._handoff, attempt)  # torch work, off the event loop
+            call = attempt.call_kwargs
+            try:
+                response = await self.retry.acall(functools.partial(self.client.acompletion, **call))
+            except Exception as error:
+                overflow = _overflow_or_reraise(error)
+                attempt = self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
+                continue
+            return self._finish(attempt, response, asynchronous=True)
+
+    def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
+        """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""
+        from agentkv.react import run_loop
+
+        return run_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
+
+    async def arun(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
+        """The async twin of :meth:`run` (see :func:`agentkv.react.arun_loop`)."""
+        from agentkv.react import arun_loop
+
+        return await arun_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
+
+    def observe(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
+        """Account a request sent outside the Session (a LangChain callback, a litellm logger).
+
+        The request is counted and recorded in the ledger (as sent to ``sent_to``, "fast" or "slow"),
+        and warm-ahead fires when due; nothing else is sent. The returned :class:`Observation` says
+        whether fast can take the request as it is.
+        """
+        role = self._sent_to(sent_to)
+        payload = self._open_request(kwargs)
+        facts = self._facts()
+        return self._observed(kwargs, payload, self._counter(self.fast).count(payload), facts, role, False)
+
+    async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
+        """The async twin of :meth:`observe` (warms run as tasks)."""
+        role = self._sent_to(sent_to)
+        payload = self._open_request(kwargs)
+        facts = await self._afacts()
+        return self._observed(kwargs, payload, await self._counter(self.fast).acount(payload), facts, role, True)
+
+    def route(self, **kwargs: Any) -> RouteDecision:
+        """The route this Session would choose for a request, sending and recording nothing.
+
+        Raises :class:`ContextOverflowError` when no backend can hold it.
+        """
+        payload = payload_from_request(kwargs)
+        return self._decide(kwargs, self._counter(self.fast).count(payload), self._facts())
+
+    async def aroute(self, **kwargs: Any) -> RouteDecision:
+        """The async twin of :meth:`route`."""
+        payload = payload_from_request(kwargs)
+        return self._decide(kwargs, await self._counter(self.fast).acount(payload), await self._afacts())
+
+    def count(self, **kwargs: Any) -> TokenCount:
+        """Count a request as the fast backend will receive it, without sending anything."""
+        return self._counter(self.fast).count(payload_from_request(kwargs))
+
+    def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
+        """Attach a response's cached-token count to an observed ledger turn."""
+        self._record.record_usage(turn, cached_tokens)
+
+    @property
+    def ledger(self) -> list[LedgerEntry]:
+        """One row per request: tokens, the tool schemas' share, count source, route, warm-ahead, cached tokens."""
+        return self._record.ledger
+
+    def stats(self) -> dict[str, Any]:
+        """Plain dict of counters: requests per backend, routes, clamps, fallbacks, warms, cached tokens."""
+        return self._stats.snapshot()
+
+    def prefix_report(self) -> PrefixReport | None:
+        """Compare the rendered token prefixes of the last two requests (None before the second)."""
+        if len(self._history) < 2:
+            return None
+        previous, current = self._history[-2:]
+        counter = self._counter(self.fast)
+        return prefix_report(previous, current, counter.token_ids(previous, add_generation_prompt=False),
+                             counter.token_ids(current))
+
+    async def aprefix_report(self) -> PrefixReport | None:
+        """The async twin of :meth:`prefix_report`."""
+        if len(self._history) < 2:
+            return None
+        previous, current = self._history[-2:]
+        counter = self._counter(self.fast)
+        return prefix_report(previous, current, await counter.atoken_ids(previous, add_generation_prompt=False),
+                             await counter.atoken_ids(current))
+
+    def drain_warms(self, timeout_s: float = 30.0) -> bool:
+        """Wait up to ``timeout_s`` for this Session's background work on threads (warms, diagnostics);
+        True when none is left. For tests, benchmarks and demos: requests never wait for it."""
+        return self._jobs.drain(timeout_s)
+
+    async def adrain_warms(self, timeout_s: float = 30.0) -> None:
+        """Wait up to ``timeout_s`` for this Session's background tasks (tests, benchmarks, demos)."""
+        await self._jobs.adrain(timeout_s)
+
+    # ----------------------------------------------------------------- gathering inputs (the only I/O)
+    def _facts(self) -> Facts:
+        fast = self.discovery.window(self.fast, model_known=False)
+        slow = self.discovery.window(self.slow) if self.slow is not None else None
+        return self._to_facts(fast, slow)
+
+    async def _afacts(self) -> Facts:
+        fast = await self.discovery.awindow(self.fast, model_known=False)
+        slow = await self.discovery.awindow(self.slow) if self.slow is not None else None
+        return self._to_facts(fast, slow)
+
+    def _to_facts(self, fast: WindowInfo, slow: WindowInfo | None) -> Facts:
+        fast_target = Target(self.fast.label, fast.window)
+        if self.slow is None or slow is None:
+            return Facts(fast_target, no_slow_target(), False)
+        target = slow_target(self.slow.label, slow.window, is_cloud=self.slow.is_cloud,
+                             in_catalog=bool(slow.model_known), model=self.slow.model)
+        return Facts(fast_target, target, bool(slow.model_known))
+
+    def _counter(self, backend: Backend) -> TokenCounter:
+        return self.counters[backend.label]
+
+    def _recount(self, attempt: Attempt) -> TokenCount:
+        """The failed backend's count of the request: fast's exact count is reused, others are asked."""
+        if attempt.count.exact and attempt.backend is self.fast:
+            return attempt.count
+        return self._counter(attempt.backend).count(attempt.payload)
+
+    async def _arecount(self, attempt: Attempt) -> TokenCount:
+        if attempt.count.exact and attempt.backend is self.fast:
+            return attempt.count
+        return await self._counter(attempt.backend).acount(attempt.payload)
+
+    # ----------------------------------------------------------------- planning (no I/O below here)
+    def _open_request(self, kwargs: dict[str, Any]) -> Payload:
+        if self.closed:
+            raise RuntimeError(f"Session {self.session_id!r} is closed")
+        _max_tokens(kwargs)  # a bad budget is refused before any count or network call
+        payload = payload_from_request(kwargs)
+        if payload.messages is None:
+            raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
+        self._history = [*self._history[-1:], payload]
+        return payload
+
+    def _backends(self) -> list[Backend]:
+        return [b for b in (self.fast, self.slow) if b is not None]
+
+    def _backend(self, role: str) -> Backend:
+        return self.slow if role == "slow" and self.slow is not None else self.fast
+
+    def _sent_to(self, sent_to: str) -> Literal["fast", "slow"]:
+        if sent_to == "fast" or (sent_to == "slow" and self.slow is not None):
+            return "slow" if sent_to == "slow" else "fast"
+        raise ValueError(f"sent_to must be 'fast' or 'slow' (with a slow backend), got {sent_to!r}")
+
+    def _decide(self, kwargs: dict[str, Any], count: TokenCount, facts: Facts) -> RouteDecision:
+        return decide_route(route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
+                            fast=facts.fast, slow=facts.slow, policy=self.routing, count_source=count.source)
+
+    def _plan(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts) -> Attempt:
+        try:
+            decision = self._decide(kwargs, count, facts)
+        except ContextOverflowError:
+            self._stats.add("slow_overflow_refusals")
+            raise
+        if decision.note:
+            self._stats.add("catalog_refusals")
+        self._log_route(decision, count)
+        return Attempt(decision, self._backend(decision.role), kwargs, payload, count, self.cache_salt)
+
+    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts,
+                  role: Literal["fast", "slow"], asynchronous: bool) -> Observation:
+        try:
+            decision: RouteDecision | None = self._decide(kwargs, count, facts)
+        except ContextOverflowError:
+            decision = None
+        target = facts.fast if role == "fast" else facts.slow
+        sent = as_sent(target, role, input_tokens=count.total, max_tokens=_max_tokens(kwargs), count_source=count.source)
+        attempt = Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt)
+        self._maybe_warm(attempt, facts, asynchronous)
+        entry = self._record.observed(count, target.name, attempt.warm)
+        return Observation(entry.turn, count, decision, facts.fast.window, attempt.warm, facts.slow.window)
+
+    def _log_route(self, decision: RouteDecision, count: TokenCount) -> None:
+        self.last_route = decision
+        emit(
+            "route", reason=decision.reason, target=decision.backend, role=decision.role,
+            estimate=decision.estimated_input_tokens, floor=self.routing.output_floor, window=decision.window,
+            max_tokens=decision.max_tokens, count_source=count.source, exact=count.exact,
+            tool_tokens=count.tools, session=self.session_id, tenant=self.tenant, note=decision.note or None,
+            **prompt_fields(self._history[-1] if self._history else None),
+        )
+
+    # ----------------------------------------------------------------- the reactive path
+    def _recover(self, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount,
+                 facts: Facts) -> Attempt:
+        """``count``: the failed backend's own count of the request (exact where it can be)."""
+        self._stats.add("overflow_errors")
+        failed = facts.fast if attempt.decision.role == "fast" else facts.slow
+        if overflow.max_context:
+            self.discovery.correct(attempt.backend, overflow.max_context)
+        plan = plan_recovery(
+            overflow, role=attempt.decision.role, exact_prompt_tokens=count.total if count.exact else None,
+            requested_max_tokens=attempt.decision.max_tokens, known_window=failed.window, safe_prompt_tokens=count.safe,
+            already_clamped=attempt.reactive_clamped,
+            slow_usable=facts.slow.usable and attempt.decision.role == "fast", policy=self.routing,
+        )
+        emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
+             backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
+        if plan.action == "give_up":
+            windows = {facts.fast.name: facts.fast.window}
+            if self.slow is not None:
+                windows[facts.slow.name] = facts.slow.window
+            windows[failed.name] = overflow.max_context or failed.window
+            raise ContextOverflowError(
+                f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {plan.why}",
+                input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
+                max_tokens=attempt.decision.max_tokens,
+            ) from error
+        self._stats.add("reactive_fallbacks")
+        fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
+            if attempt.decision.role == "fast" else facts.fast
+        decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=self.routing,
+                                  requested_max_tokens=_max_tokens(attempt.kwargs), safe_tokens=attempt.count.safe)
+        self._log_route(decision, attempt.count)
+        escalated = decision.role != attempt.decision.role
+        return replace(attempt, decision=decision, backend=self._backend(decision.role),
+                       reactive_clamped=not escalated)
+
+    # ----------------------------------------------------------------- at and after the answer
+    def _finish(self, attempt: Attempt, response: Any, *, asynchronous: bool) -> Any:
+        escalation = is_escalation(self._record.previous_role, attempt.decision)
+        warmed = self._warm.warmed
+        result = self._record.finish(attempt, response, escalation=escalation, after_warm=warmed is not None)
+        if escalation and warmed is not None:
+            self._check_warm_prefix(warmed, attempt, asynchronous)
+        return result
+
+    def _check_warm_prefix(self, warmed: Payload, attempt: Attempt, asynchronous: bool) -> None:
+        """The broken-warm diagnostic, off the request path: a task (async) or a pool thread (sync)."""
+        counter, stats, session_id = self._counter(attempt.backend), self._stats, self.session_id
+        if asynchronous:
+            self._jobs.task(_quietly(acheck_warm_prefix(counter, warmed, attempt.payload, stats, session_id)), 60.0)
+        else:
+            self._jobs.thread(lambda: _quietly_sync(check_warm_prefix, counter, warmed, attempt.payload, stats,
+                                                    session_id))
+
+    def _needs_handoff(self, attempt: Attempt) -> bool:
+        return self.handoff.active and not attempt.handed_off \
+            and is_escalation(self._record.previous_role, attempt.decision)
+
+    def _handoff(self, attempt: Attempt) -> None:
+        if self.slow is None:
+            return
+        attempt.handed_off = True
+        outcome = self.handoff.at_escalation(self.fast, self.slow, attempt.payload, self.cache_salt)
+        self._stats.add("mapped_tokens", outcome.mapped_tokens)
+        self._stats.add("handoff_fallbacks", int(outcome.fallback))
+
+    # ----------------------------------------------------------------- warm-ahead
+    def _maybe_warm(self, attempt: Attempt, facts: Facts, asynchronous: bool) -> None:
+        if self.slow is None:
+            return
+        attempt.warm = self._warm.consider(
+            attempt.payload, estimated_tokens=attempt.count.total, fast_window=facts.fast.window,
+            routed_role=attempt.decision.role, model_known=facts.slow_model_known, enabled=_env.warm_ahead_enabled(),
+        )
+        if attempt.warm != "fire":
+            return
+        try:
+            call = warm_kwargs(self.slow, attempt.kwargs, self.cache_salt, self.warm_ahead.timeout_s)
+        except Exception as exc:  # building a warm never raises into the caller
+            self._warm.abandon(exc)
+            return
+        (self._warm.asend if asynchronous else self._warm.send)(call, self.client)
+
+
+async def _quietly(work: Any) -> None:
+    """Await a diagnostic; its failure is logged, never raised into anyone."""
+    try:
+        await work
+    except Exception as exc:
+        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
+
+
+def _quietly_sync(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # a diagnostic never raises into anyone
+        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
+
+
+def _overflow_or_reraise(error: Exception) -> Overflow:
+    """The overflow an error reports; any other error propagates untouched."""
+    overflow = overflow_from_error(error)
+    if overflow is None:
+        raise error
+    return overflow
+
+
+def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
+    """The output budget the server will obey: ``max_completion_tokens``, else ``max_tokens`` (as vLLM)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = kwargs.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{key} must be a positive int, got {value!r}")
+    value = kwargs.get("max_completion_tokens")
+    return kwargs.get("max_tokens") if value is None else value
+
+
+def _check_backends(fast: Any, slow: Any) -> None:
+    if not isinstance(fast, Backend):
+        raise ConfigurationError(f"Session(fast=...) must be a Backend, got {type(fast).__name__}")
+    if slow is not None and not isinstance(slow, Backend):
+        raise ConfigurationError(f"Session(slow=...) must be a Backend or None, got {type(slow).__name__}")
+    if slow is not None and slow.label == fast.label:
+        raise ConfigurationError(f"fast and slow backends need distinct names; both are {fast.label!r}")
+
+
+def _derive_salt(tenant: str | None, secret: str | None) -> str | None:
+    secret = secret or _env.cache_salt_secret()
+    return derive_cache_salt(secret, tenant) if tenant and secret else None

@@ -1,0 +1,56 @@
+"""The typed seams between agentkv's parts: what a completion client and a Session look like.
+
+Integrations, the ReAct helper and the decorator take anything of these shapes, so a test (or a
+user) can hand them a fake without subclassing anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from agentkv._session.attempts import Observation
+    from agentkv.backends import Backend
+    from agentkv.routing import RouteDecision
+    from agentkv.stats import LedgerEntry
+
+__all__ = ["CompletionClient", "SessionLike"]
+
+
+@runtime_checkable
+class CompletionClient(Protocol):
+    """Anything with litellm's ``completion``/``acompletion`` (litellm itself by default)."""
+
+    def completion(self, **kwargs: Any) -> Any: ...
+
+    async def acompletion(self, **kwargs: Any) -> Any: ...
+
+
+class SessionLike(Protocol):
+    """What integrations and the ReAct helper use of a :class:`agentkv.Session`."""
+
+    fast: Backend
+    slow: Backend | None
+    session_id: str
+    tenant: str | None
+    cache_salt: str | None
+    last_route: RouteDecision | None
+
+    @property
+    def ledger(self) -> list[LedgerEntry]: ...
+
+    def completion(self, **kwargs: Any) -> Any: ...
+
+    async def acompletion(self, **kwargs: Any) -> Any: ...
+
+    def observe(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation: ...
+
+    async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation: ...
+
+    def route(self, **kwargs: Any) -> RouteDecision: ...
+
+    async def aroute(self, **kwargs: Any) -> RouteDecision: ...
+
+    def record_usage(self, turn: int, *, cached_tokens: int | None) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...

@@ -1,0 +1,31 @@
+"""Token accounting: count exactly what the backend will receive, incrementally, turn by turn.
+
+- :mod:`agentkv.tokens.payload`: what a request sends (:class:`Payload`) and what a count says
+  (:class:`TokenCount`);
+- :mod:`agentkv.tokens.sources`: the sources, best first: the backend's template, the server's
+  ``/tokenize``, tiktoken, biased character counts;
+- :mod:`agentkv.tokens.counter`: :class:`TokenCounter`, the ladder that tries them;
+- :mod:`agentkv.tokens.encodings`, :mod:`agentkv.tokens.templates`: offline tiktoken encodings and
+  the ChatML/Qwen tools template.
+
+    counter = TokenCounter.for_backend(Backend("hosted_vllm/m", api_base=..., tokenizer="cl100k_base"))
+    counter.count(payload_from_request({"messages": messages, "tools": tools}))
+"""
+
+from agentkv.tokens.counter import TokenCounter
+from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource, payload_from_request
+from agentkv.tokens.sources import CharSource, ChunkedEncoder, ServerSource, TemplateSource, TiktokenSource
+
+__all__ = [
+    "CharSource",
+    "ChunkedEncoder",
+    "CountUnavailable",
+    "Payload",
+    "ServerSource",
+    "TemplateSource",
+    "TiktokenSource",
+    "TokenCount",
+    "TokenCounter",
+    "TokenSource",
+    "payload_from_request",
+]

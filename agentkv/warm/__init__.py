@@ -1,0 +1,25 @@
+"""Warm-ahead: a one-token request that makes the big model prefill the conversation early.
+
+When a session's estimated input crosses ``threshold`` x the fast window, agentkv sends the slow
+backend the same messages, tools and salt with ``max_tokens=1`` and does not wait for it. The slow
+server's prefix cache then holds the conversation when escalation comes.
+
+- :mod:`agentkv.warm.policy`: :class:`WarmAheadPolicy` and the pure :func:`decide_warm`;
+- :mod:`agentkv.warm.guards`: the tenant-scoped :class:`CooldownMap` and the :class:`InFlightLimit`;
+- :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send.
+"""
+
+from agentkv.warm.guards import CooldownMap, InFlightLimit, TenantCooldowns, shared_cooldowns, shared_in_flight
+from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, WarmOutcome, decide_warm
+
+__all__ = [
+    "CooldownMap",
+    "InFlightLimit",
+    "TenantCooldowns",
+    "WarmAheadPolicy",
+    "WarmDecision",
+    "WarmOutcome",
+    "decide_warm",
+    "shared_cooldowns",
+    "shared_in_flight",
+]

@@ -1,0 +1,77 @@
+"""The warm-ahead policy and its pure decision: whether a request should warm the slow model now.
+
+The stateful guards that come after this decision are in :mod:`agentkv.warm.guards`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from agentkv.errors import ConfigurationError, check_positive_int
+
+WarmOutcome = Literal[
+    "fire", "below_threshold", "disabled", "routed_slow", "unknown_model", "no_window", "cooldown", "saturated"
+]
+
+
+@dataclass(frozen=True)
+class WarmAheadPolicy:
+    """When and how often warm-ahead fires.
+
+        WarmAheadPolicy(threshold=0.6, cooldown_s=300, max_sessions=256, max_in_flight=4, timeout_s=30)
+
+    ``threshold`` is a fraction of the fast window (0.6: at 0.9 the warm arrives too late);
+    ``cooldown_s`` bounds warms to one per (tenant, session) per period; ``max_sessions`` bounds the
+    cooldown map; ``max_in_flight`` bounds concurrent warms per process; ``timeout_s`` bounds each warm.
+    """
+
+    threshold: float = 0.6
+    cooldown_s: float = 300.0
+    max_sessions: int = 256
+    max_in_flight: int = 4
+    timeout_s: float = 30.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ConfigurationError(f"WarmAheadPolicy.threshold must be in (0, 1], got {self.threshold!r}")
+        for name in ("cooldown_s", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"WarmAheadPolicy.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("max_sessions", "max_in_flight"):
+            check_positive_int("WarmAheadPolicy", name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class WarmDecision:
+    """Whether to warm now, and the outcome name counted in stats."""
+
+    outcome: WarmOutcome
+
+    @property
+    def fire(self) -> bool:
+        return self.outcome == "fire"
+
+
+def decide_warm(
+    *,
+    estimated_tokens: int,
+    fast_window: int | None,
+    routed_role: str,
+    enabled: bool,
+    model_known: bool,
+    policy: WarmAheadPolicy,
+) -> WarmDecision:
+    """The stateless part of the warm-ahead decision (cooldown and in-flight limits come after)."""
+    if fast_window is None:
+        return WarmDecision("no_window")
+    if estimated_tokens < policy.threshold * fast_window:
+        return WarmDecision("below_threshold")
+    if routed_role == "slow":
+        return WarmDecision("routed_slow")  # the request itself warms the slow cache
+    if not enabled or not policy.enabled:
+        return WarmDecision("disabled")
+    if not model_known:
+        return WarmDecision("unknown_model")
+    return WarmDecision("fire")
