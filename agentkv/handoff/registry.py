@@ -82,11 +82,17 @@ def create_mapper(name: str, **kwargs: Any) -> KVMapper:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The parsed ``manifest.json`` of a mapper directory."""
+    """The parsed ``manifest.json`` of a mapper directory: a JSON object, else :class:`MapperFileError`."""
+    from agentkv.handoff.manifest import manifest_object
+
     manifest = Path(path) / MANIFEST
     if not manifest.is_file():
         raise MapperFileError(f"{path} is not a KV mapper directory (no {MANIFEST})")
-    return json.loads(manifest.read_text())
+    try:
+        data = json.loads(manifest.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise MapperFileError(f"{manifest} is not readable JSON: {type(error).__name__}") from error
+    return manifest_object(data, str(path))
 
 
 def load_mapper(path: str | Path, *, source: Any = None, target: Any = None) -> KVMapper:
