@@ -13,44 +13,16 @@ from safetensors.torch import load_file, save_file
 
 from agentkv.handoff import MapperFileError, load_mapper
 from agentkv.handoff.builtins import IdentityMapper
-from agentkv.handoff.cache import KVCache
-from agentkv.handoff.mapping import MapGeometry
 from agentkv.handoff.mlp import MLPMapper
 from agentkv.handoff.ridge import RidgeMapper
-from agentkv.handoff.rope import RopeTable
-from agentkv.handoff.signature import ModelSignature, SignaturePair
-
-SOURCE = ModelSignature(num_layers=3, kv_heads=2, head_dim=8, rope_theta=1e6, model_id="src")
-TARGET = ModelSignature(num_layers=2, kv_heads=1, head_dim=4, rope_theta=1e4, model_id="tgt")
-SELECTED = ((2, 0), (1, 2))  # k = 2 source layers per target layer
-
-
-def _geometry() -> MapGeometry:
-    rope = lambda dim, theta: RopeTable(1.0 / theta ** (torch.arange(0, dim, 2).float() / dim))  # noqa: E731
-    return MapGeometry(SignaturePair(SOURCE, TARGET), SELECTED, rope(8, 1e6), rope(4, 1e4))
-
+from agentkv.handoff.testing import TINY_SELECTED, TINY_SOURCE, random_cache, random_learned
 
 def ridge() -> RidgeMapper:
-    """A ridge mapper with random weights of the right shapes: [k*2*8, 1*4] and [4]."""
-    gen = torch.Generator().manual_seed(0)
-    params = {f"{kind}.{t}.{n}": torch.randn(shape, generator=gen) for kind in ("keys", "values") for t in range(2)
-              for n, shape in (("weight", (32, 4)), ("bias", (4,)))}
-    return RidgeMapper(_geometry(), params, {"k": 2, "lam": 0.01, "evaluation": {"attention_cosine": 0.99}})
+    return random_learned("ridge")  # type: ignore[return-value]
 
 
-def mlp(hidden: int = 5) -> MLPMapper:
-    """An MLP mapper with random weights: w1 [h, 32], b1 [h], w2 [4, h], b2 [4]."""
-    gen = torch.Generator().manual_seed(1)
-    shapes = (("w1", (hidden, 32)), ("b1", (hidden,)), ("w2", (4, hidden)), ("b2", (4,)))
-    params = {f"{kind}.{t}.{n}": torch.randn(shape, generator=gen) for kind in ("keys", "values") for t in range(2)
-              for n, shape in shapes}
-    return MLPMapper(_geometry(), params, {"k": 2})
-
-
-def source_cache() -> KVCache:
-    gen = torch.Generator().manual_seed(2)
-    layers = lambda: tuple(torch.randn(1, 2, 5, 8, generator=gen) for _ in range(3))  # noqa: E731
-    return KVCache(layers(), layers(), torch.arange(5)[None], SOURCE)
+def mlp() -> MLPMapper:
+    return random_learned("mlp")  # type: ignore[return-value]
 
 
 def edit_manifest(folder: Path, change: Callable[[dict[str, Any]], Any]) -> None:
@@ -70,9 +42,10 @@ def test_valid_files_round_trip_and_map(tmp_path: Path) -> None:
     for mapper in (ridge(), mlp()):
         mapper.save(tmp_path / mapper.name)
         loaded = load_mapper(tmp_path / mapper.name)
-        assert type(loaded) is type(mapper) and loaded.geometry.selected == SELECTED
+        assert type(loaded) is type(mapper) and loaded.geometry.selected == TINY_SELECTED
         assert all(torch.equal(loaded.params[n], p) for n, p in mapper.params.items())
-        assert torch.equal(loaded.map(source_cache()).keys[1], mapper.map(source_cache()).keys[1])
+        cache = random_cache(TINY_SOURCE)
+        assert torch.equal(loaded.map(cache).keys[1], mapper.map(cache).keys[1])
 
 
 MANIFEST_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
@@ -181,7 +154,7 @@ def test_a_truncated_weights_file_is_a_mapper_file_error(tmp_path: Path, keep: i
 @pytest.mark.parametrize("signature", ["abc", [1, 2], {"num_layers": 2}, {"num_layers": 2, "kv_heads": 1, "head_dim": 3}])
 def test_an_identity_manifest_with_a_bad_signature_is_refused(tmp_path: Path, signature: Any) -> None:
     """The identity mapper's optional signature is type-checked like a learned mapper's."""
-    IdentityMapper(SOURCE).save(tmp_path)
+    IdentityMapper(TINY_SOURCE).save(tmp_path)
     edit_manifest(tmp_path, lambda m: m.update(signature=signature))
     with pytest.raises(MapperFileError, match="'signature"):
         load_mapper(tmp_path)

@@ -63,7 +63,7 @@ def signature(data: Any, field: str, where: str) -> ModelSignature:
     if not isinstance(data, dict):
         raise fail(where, f"field {field!r} must be an object, not {type(data).__name__}")
     unknown = sorted(set(data) - _SIGNATURE_FIELDS)
-    missing = sorted(set(_SIGNATURE_INTS) - set(data))
+    missing = sorted({*_SIGNATURE_INTS, "rope_theta"} - set(data))
     if unknown or missing:
         raise fail(where, f"field {field!r} has unknown keys {unknown} / lacks {missing}")
     for name in _SIGNATURE_INTS:
@@ -71,7 +71,7 @@ def signature(data: Any, field: str, where: str) -> ModelSignature:
             raise fail(where, f"field '{field}.{name}' must be a positive integer, not {data[name]!r}")
     if data["head_dim"] % 2:
         raise fail(where, f"field '{field}.head_dim' must be even (rotary halves), not {data['head_dim']!r}")
-    theta = data.get("rope_theta", 10000.0)
+    theta = data["rope_theta"]
     if not is_number(theta) or theta <= 0:
         raise fail(where, f"field '{field}.rope_theta' must be a positive number, not {theta!r}")
     _check_rope_scaling(data.get("rope_scaling"), f"{field}.rope_scaling", where)
