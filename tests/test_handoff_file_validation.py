@@ -64,6 +64,7 @@ MANIFEST_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "string strip_rope": (lambda m: m.update(strip_rope="no"), "'strip_rope'"),
     "null attention_scaling": (lambda m: m.update(attention_scaling=None), "'attention_scaling'"),
     "NaN attention scaling": (lambda m: m["attention_scaling"].update(target=float("nan")), "attention_scaling.target"),
+    "unregistered backend": (lambda m: m.update(backend="nonesuch"), "'backend'"),
     "format_version true": (lambda m: m.update(format_version=True), "'format_version'"),
     "string evaluation": (lambda m: m.update(evaluation="great"), "'evaluation'"),
     "string attention_cosine": (lambda m: m["evaluation"].update(attention_cosine="0.99"), "attention_cosine"),

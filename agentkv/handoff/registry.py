@@ -105,8 +105,12 @@ def load_mapper(path: str | Path, *, source: Any = None, target: Any = None) -> 
 
     backend = read_manifest(path).get("backend")
     if not isinstance(backend, str):
-        raise MapperFileError(f"{path}/{MANIFEST} names no backend")
-    loader = getattr(get_factory(backend), "load", None)
+        raise MapperFileError(f"{path}/{MANIFEST}: field 'backend' must name a backend, not {backend!r}")
+    try:
+        factory = get_factory(backend)
+    except UnknownMapperError as error:
+        raise MapperFileError(f"{path}/{MANIFEST}: field 'backend' names an unregistered backend: {error}") from error
+    loader = getattr(factory, "load", None)
     if loader is None:
         raise MapperFileError(f"backend {backend!r} cannot load mappers from files")
     mapper = loader(path)
