@@ -156,13 +156,17 @@ def load_files(
     if not weights.is_file():
         raise MapperFileError(f"{path} has no {WEIGHTS}")
     with _opened(weights) as file:
-        header = {name: (tuple(file.get_slice(name).get_shape()), file.get_slice(name).get_dtype())
-                  for name in file.keys()}
+        header = {name: _described(file.get_slice(name)) for name in file.keys()}
         check_tensors(header, {**rope_shapes(pair), **param_shapes(pair, selected, header)}, where)
         tensors = {name: file.get_tensor(name) for name in header}
     geometry = MapGeometry(pair, selected, RopeTable(tensors.pop("rope.source.inv_freq"), source_scale),
                            RopeTable(tensors.pop("rope.target.inv_freq"), target_scale), strip)
     return manifest, geometry, tensors
+
+
+def _described(tensor: Any) -> tuple[Shape, str]:
+    """A safetensors slice's header entry: (shape, dtype string), no data read."""
+    return tuple(tensor.get_shape()), tensor.get_dtype()
 
 
 @contextmanager
