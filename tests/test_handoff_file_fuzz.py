@@ -16,7 +16,7 @@ from agentkv.handoff import MapperFileError, load_mapper
 from agentkv.handoff.errors import SignatureMismatchError
 from agentkv.handoff.testing import random_cache, random_learned
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 MAPPERS = {name: random_learned(name) for name in ("ridge", "mlp")}
 json_values = st.recursive(
