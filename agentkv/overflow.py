@@ -4,6 +4,11 @@ Every vLLM wording is handled; each yields an :class:`Overflow` that says which 
 prompt lengths and which are only thresholds. The current wording's "at least L-M+1 input tokens" is a
 threshold: clamping ``max_tokens`` to ``L - threshold`` gives ``M - 1`` and loops forever, so it is
 reported with ``prompt_is_lower_bound=True`` and the driver must get a real count or escalate.
+
+The parser is total and linear-time on hostile text: it reads at most :data:`SCAN_LIMIT` characters
+(the head and the tail of a longer text), every number is at most :data:`MAX_NUMBER_CHARS` characters
+(a longer digit run matches no wording, so ``int()`` never sees more digits than it accepts), and no
+pattern has an unbounded gap, so each match attempt does bounded work.
 """
 
 from __future__ import annotations
@@ -12,7 +17,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-_INT = r"(\d[\d,]*)"
+SCAN_LIMIT = 65_536
+"""Characters of error text the parser reads: the first and last half of a longer text."""
+MAX_NUMBER_CHARS = 18
+"""Longest digit run (commas included) read as a number; a longer one is no token count."""
+_INT = rf"(\d[\d,]{{0,{MAX_NUMBER_CHARS - 1}}})(?![\d,])"
+_GAP = r".{0,200}?"  # bounded and without re.S: each attempt is O(1), and it never spans the scan seam
 
 
 @dataclass(frozen=True)
@@ -102,9 +112,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ..
     ),
     (
         re.compile(
-            rf"decoder prompt \(length {_INT}\) plus the number of requested output tokens.*?"
-            rf"maximum model length of {_INT}",
-            re.S,
+            rf"decoder prompt \(length {_INT}\) plus the number of requested output tokens{_GAP}"
+            rf"maximum model length of {_INT}"
         ),
         _decoder_prompt,
     ),
@@ -126,7 +135,11 @@ _GENERIC = re.compile(
 
 
 def parse_overflow(text: str) -> Overflow | None:
-    """The overflow the error text describes, or None when it is not a context overflow."""
+    """The overflow the error text describes, or None when it is not a context overflow.
+
+    Total: any string gives an :class:`Overflow` or None, in time linear in ``min(len(text), SCAN_LIMIT)``.
+    """
+    text = scanned(text)
     for pattern, build in _PATTERNS:
         match = pattern.search(text)
         if match:
@@ -134,6 +147,14 @@ def parse_overflow(text: str) -> Overflow | None:
     if _GENERIC.search(text):
         return Overflow("unparsed", None, None)
     return None
+
+
+def scanned(text: str) -> str:
+    """The part of ``text`` the parser reads: all of it, or its head and tail around a line break."""
+    if len(text) <= SCAN_LIMIT:
+        return text
+    half = SCAN_LIMIT // 2
+    return f"{text[:half]}\n{text[-half:]}"
 
 
 def error_text(error: BaseException) -> str:

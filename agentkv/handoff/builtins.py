@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentkv.handoff.errors import NotMappableError, SignatureMismatchError
+from agentkv.handoff.manifest import signature
 from agentkv.handoff.protocol import check_source
 from agentkv.handoff.registry import MANIFEST, read_manifest
 from agentkv.handoff.signature import ModelSignature, SignaturePair
@@ -90,7 +91,7 @@ class IdentityMapper:
     @classmethod
     def load(cls, path: str | Path) -> IdentityMapper:
         data = read_manifest(path).get("signature")
-        return cls(None if data is None else ModelSignature.from_dict(data))
+        return cls(None if data is None else signature(data, "signature", str(path)))
 
 
 def _write_manifest(path: str | Path, manifest: dict[str, object]) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from agentkv.handoff.cache import KVCache
 from agentkv.handoff.mapping import MapGeometry, held_out_cosine, load_files, map_cache, save_files, with_evaluation
+from agentkv.handoff.manifest import Header, Selected, Shape
 from agentkv.handoff.signature import SignaturePair
 
 Params = dict[str, torch.Tensor]
@@ -72,10 +73,14 @@ class LearnedMapper:
         manifest = {"backend": self.name, **self.geometry.to_manifest(), **self.info}
         save_files(path, manifest, {**self.params, **self.geometry.rope_tensors()})
 
+    @staticmethod
+    def param_shapes(pair: SignaturePair, selected: Selected, header: Header) -> dict[str, Shape]:
+        """The parameter tensors a file must hold and their shapes; this default accepts the file's own."""
+        return {name: shape for name, (shape, _) in header.items() if not name.startswith("rope.")}
+
     @classmethod
     def load(cls: type[Self], path: str | Path) -> Self:
-        manifest, tensors = load_files(path, cls.name)
-        geometry = MapGeometry.from_files(manifest, tensors)
-        params = {name: t for name, t in tensors.items() if not name.startswith("rope.")}
+        """Read a directory written by :meth:`save`, every field and tensor checked (:class:`MapperFileError`)."""
+        manifest, geometry, params = load_files(path, cls.name, cls.param_shapes)
         info = {k: v for k, v in manifest.items() if k not in _GEOMETRY_FIELDS}
         return cls(geometry, params, info)

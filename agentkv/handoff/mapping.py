@@ -11,15 +11,19 @@ Files: ``manifest.json`` (backend, signatures, selection, hyper-parameters, eval
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from agentkv.handoff.cache import KVCache
 from agentkv.handoff.collect import unflatten_rows
 from agentkv.handoff.errors import MapperFileError
+from agentkv.handoff.manifest import (
+    Header, Selected, Shape, check_backend, check_tensors, geometry_fields, rope_shapes,
+)
 from agentkv.handoff.protocol import check_source
 from agentkv.handoff.registry import MANIFEST, read_manifest
 from agentkv.handoff.rope import RopeTable, apply_rope, inverse_cos_sin
@@ -59,18 +63,6 @@ class MapGeometry:
     def rope_tensors(self) -> dict[str, torch.Tensor]:
         """The rope tables as named tensors."""
         return {"rope.source.inv_freq": self.source_rope.inv_freq, "rope.target.inv_freq": self.target_rope.inv_freq}
-
-    @classmethod
-    def from_files(cls, manifest: dict[str, Any], tensors: dict[str, torch.Tensor]) -> MapGeometry:
-        """Inverse of :meth:`to_manifest` + :meth:`rope_tensors`."""
-        scaling = manifest["attention_scaling"]
-        return cls(
-            pair=SignaturePair.from_dict(manifest["signatures"]),
-            selected=tuple(tuple(int(i) for i in s) for s in manifest["selected_layers"]),
-            source_rope=RopeTable(tensors["rope.source.inv_freq"], float(scaling["source"])),
-            target_rope=RopeTable(tensors["rope.target.inv_freq"], float(scaling["target"])),
-            strip_rope=bool(manifest["strip_rope"]),
-        )
 
 
 def token_major(layers: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -144,19 +136,50 @@ def save_files(path: str | Path, manifest: dict[str, Any], tensors: dict[str, to
     (folder / MANIFEST).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
 
 
-def load_files(path: str | Path, backend: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Read a mapper directory written by ``backend``: ``(manifest, tensors)``."""
-    from safetensors.torch import load_file
+ParamShapes = Callable[[SignaturePair, Selected, Header], dict[str, Shape]]
+"""A backend's parameter tensors and their shapes, given the geometry (and the header, for sizes it chose)."""
 
+
+def load_files(
+    path: str | Path, backend: str, param_shapes: ParamShapes
+) -> tuple[dict[str, Any], MapGeometry, dict[str, torch.Tensor]]:
+    """Read a mapper directory written by ``backend``: ``(manifest, geometry, parameter tensors)``.
+
+    Every manifest field is type-checked and every tensor's name, shape and dtype checked against the
+    signatures and ``param_shapes`` before any tensor is read; anything amiss is a :class:`MapperFileError`.
+    """
+    where = str(path)
     manifest = read_manifest(path)
-    if manifest.get("backend") != backend:
-        raise MapperFileError(f"{path} holds a {manifest.get('backend')!r} mapper, not {backend!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise MapperFileError(f"{path}: unsupported format_version {manifest.get('format_version')!r}")
+    check_backend(manifest, backend, FORMAT_VERSION, where)
+    pair, selected, strip, (source_scale, target_scale) = geometry_fields(manifest, where)
     weights = Path(path) / WEIGHTS
     if not weights.is_file():
         raise MapperFileError(f"{path} has no {WEIGHTS}")
-    return manifest, load_file(str(weights))
+    with _opened(weights) as file:
+        header = {name: _described(file.get_slice(name)) for name in file.keys()}
+        check_tensors(header, {**rope_shapes(pair), **param_shapes(pair, selected, header)}, where)
+        tensors = {name: file.get_tensor(name) for name in header}
+    geometry = MapGeometry(pair, selected, RopeTable(tensors.pop("rope.source.inv_freq"), source_scale),
+                           RopeTable(tensors.pop("rope.target.inv_freq"), target_scale), strip)
+    return manifest, geometry, tensors
+
+
+def _described(tensor: Any) -> tuple[Shape, str]:
+    """A safetensors slice's header entry: (shape, dtype string), no data read."""
+    return tuple(tensor.get_shape()), tensor.get_dtype()
+
+
+@contextmanager
+def _opened(weights: Path) -> Iterator[Any]:
+    """safetensors' reader (which never unpickles), its own errors raised as :class:`MapperFileError`."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as file:
+            yield file
+    except (SafetensorError, OSError, RuntimeError) as error:
+        raise MapperFileError(f"{weights} is not a readable safetensors file: {type(error).__name__}: "
+                              f"{str(error)[:200]}") from error
 
 
 def with_evaluation(info: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:

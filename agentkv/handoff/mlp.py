@@ -16,7 +16,9 @@ from torch import nn
 from agentkv.handoff.collect import ActivationStore, Progress, no_progress
 from agentkv.handoff.config import CalibrationConfig, MLPConfig
 from agentkv.handoff.learned import LearnedMapper, Params
+from agentkv.handoff.manifest import Header, Selected, Shape
 from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
+from agentkv.handoff.signature import SignaturePair
 
 
 class MLPMapper(LearnedMapper):
@@ -30,6 +32,20 @@ class MLPMapper(LearnedMapper):
         p = {n: params[f"{kind}.{layer}.{n}"] for n in ("w1", "b1", "w2", "b2")}
         hidden = nn.functional.gelu(torch.addmm(p["b1"], x, p["w1"].T))
         return torch.addmm(p["b2"], hidden, p["w2"].T)
+
+    @staticmethod
+    def param_shapes(pair: SignaturePair, selected: Selected, header: Header) -> dict[str, Shape]:
+        """w1 [h, k*Hs*Ds], b1 [h], w2 [Ht*Dt, h], b2 [Ht*Dt] per target layer and kind; h is read from w1."""
+        width_in, width_out = pair.source.kv_heads * pair.source.head_dim, pair.target.kv_heads * pair.target.head_dim
+        shapes: dict[str, Shape] = {}
+        for layer, chosen in enumerate(selected):
+            for kind in KINDS:
+                prefix = f"{kind}.{layer}"
+                w1 = header.get(f"{prefix}.w1", ((), ""))[0]
+                hidden = w1[0] if len(w1) == 2 and w1[0] > 0 else 1  # a bad w1 is reported against h = 1
+                shapes.update({f"{prefix}.w1": (hidden, len(chosen) * width_in), f"{prefix}.b1": (hidden,),
+                               f"{prefix}.w2": (width_out, hidden), f"{prefix}.b2": (width_out,)})
+        return shapes
 
     @classmethod
     def fit(

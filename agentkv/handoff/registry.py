@@ -82,11 +82,17 @@ def create_mapper(name: str, **kwargs: Any) -> KVMapper:
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The parsed ``manifest.json`` of a mapper directory."""
+    """The parsed ``manifest.json`` of a mapper directory: a JSON object, else :class:`MapperFileError`."""
+    from agentkv.handoff.manifest import manifest_object
+
     manifest = Path(path) / MANIFEST
     if not manifest.is_file():
         raise MapperFileError(f"{path} is not a KV mapper directory (no {MANIFEST})")
-    return json.loads(manifest.read_text())
+    try:
+        data = json.loads(manifest.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise MapperFileError(f"{manifest} is not readable JSON: {type(error).__name__}") from error
+    return manifest_object(data, str(path))
 
 
 def load_mapper(path: str | Path, *, source: Any = None, target: Any = None) -> KVMapper:
@@ -99,8 +105,12 @@ def load_mapper(path: str | Path, *, source: Any = None, target: Any = None) -> 
 
     backend = read_manifest(path).get("backend")
     if not isinstance(backend, str):
-        raise MapperFileError(f"{path}/{MANIFEST} names no backend")
-    loader = getattr(get_factory(backend), "load", None)
+        raise MapperFileError(f"{path}/{MANIFEST}: field 'backend' must name a backend, not {backend!r}")
+    try:
+        factory = get_factory(backend)
+    except UnknownMapperError as error:
+        raise MapperFileError(f"{path}/{MANIFEST}: field 'backend' names an unregistered backend: {error}") from error
+    loader = getattr(factory, "load", None)
     if loader is None:
         raise MapperFileError(f"backend {backend!r} cannot load mappers from files")
     mapper = loader(path)

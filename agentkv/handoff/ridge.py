@@ -17,7 +17,9 @@ from agentkv.handoff.collect import ActivationStore, Progress, no_progress
 from agentkv.handoff.config import CalibrationConfig
 from agentkv.handoff.learned import LearnedMapper, Params
 from agentkv.handoff.linalg import RidgeAccumulator
+from agentkv.handoff.manifest import Header, Selected, Shape
 from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
+from agentkv.handoff.signature import SignaturePair
 
 
 class RidgeMapper(LearnedMapper):
@@ -29,6 +31,17 @@ class RidgeMapper(LearnedMapper):
     def transform(params: Params, layer: int, kind: str, x: torch.Tensor) -> torch.Tensor:
         """One matmul: (N, k*H*D) @ (k*H*D, H*D) + (H*D) -> (N, H*D)."""
         return torch.addmm(params[f"{kind}.{layer}.bias"], x, params[f"{kind}.{layer}.weight"])
+
+    @staticmethod
+    def param_shapes(pair: SignaturePair, selected: Selected, header: Header) -> dict[str, Shape]:
+        """weight [k*Hs*Ds, Ht*Dt] and bias [Ht*Dt] per target layer and kind."""
+        width_in, width_out = pair.source.kv_heads * pair.source.head_dim, pair.target.kv_heads * pair.target.head_dim
+        shapes: dict[str, Shape] = {}
+        for layer, chosen in enumerate(selected):
+            for kind in KINDS:
+                shapes[f"{kind}.{layer}.weight"] = (len(chosen) * width_in, width_out)
+                shapes[f"{kind}.{layer}.bias"] = (width_out,)
+        return shapes
 
     @classmethod
     def fit(

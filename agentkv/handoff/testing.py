@@ -7,9 +7,15 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
+
+from agentkv.handoff.cache import KVCache
+from agentkv.handoff.signature import ModelSignature
+
+if TYPE_CHECKING:
+    from agentkv.handoff.learned import LearnedMapper
 
 TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 8192}
@@ -90,3 +96,43 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+TINY_SOURCE = ModelSignature(num_layers=3, kv_heads=2, head_dim=8, rope_theta=1e6, model_id="tiny-source")
+TINY_TARGET = ModelSignature(num_layers=2, kv_heads=1, head_dim=4, rope_theta=1e4, model_id="tiny-target")
+TINY_SELECTED = ((2, 0), (1, 2))
+"""k = 2 source layers per target layer."""
+
+
+def random_learned(backend: str = "ridge", seed: int = 0, hidden: int = 5) -> LearnedMapper:
+    """A ``ridge`` or ``mlp`` mapper for TINY_SOURCE -> TINY_TARGET with random weights of the right shapes.
+
+    No models and no calibration: for file-format and plumbing tests. ridge: weight [32, 4], bias [4];
+    mlp: w1 [hidden, 32], b1 [hidden], w2 [4, hidden], b2 [4] per target layer and kind.
+    """
+    from agentkv.handoff.mapping import KINDS, MapGeometry
+    from agentkv.handoff.mlp import MLPMapper
+    from agentkv.handoff.ridge import RidgeMapper
+    from agentkv.handoff.rope import RopeTable
+    from agentkv.handoff.signature import SignaturePair
+
+    def rope(sig: ModelSignature) -> RopeTable:
+        return RopeTable(1.0 / sig.rope_theta ** (torch.arange(0, sig.head_dim, 2).float() / sig.head_dim))
+
+    width_in, width_out = 2 * TINY_SOURCE.kv_heads * TINY_SOURCE.head_dim, TINY_TARGET.kv_heads * TINY_TARGET.head_dim
+    shapes = ({"weight": (width_in, width_out), "bias": (width_out,)} if backend == "ridge" else
+              {"w1": (hidden, width_in), "b1": (hidden,), "w2": (width_out, hidden), "b2": (width_out,)})
+    gen = torch.Generator().manual_seed(seed)
+    params = {f"{kind}.{t}.{n}": torch.randn(shape, generator=gen)
+              for kind in KINDS for t in range(TINY_TARGET.num_layers) for n, shape in shapes.items()}
+    geometry = MapGeometry(SignaturePair(TINY_SOURCE, TINY_TARGET), TINY_SELECTED, rope(TINY_SOURCE), rope(TINY_TARGET))
+    cls = RidgeMapper if backend == "ridge" else MLPMapper
+    return cls(geometry, params, {"k": 2, "evaluation": {"attention_cosine": 0.99}})
+
+
+def random_cache(signature: ModelSignature, seq: int = 5, seed: int = 0) -> KVCache:
+    """A cache of ``signature``'s geometry with random keys/values: each [1, kv_heads, seq, head_dim]."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, signature.kv_heads, seq, signature.head_dim)
+    layers = tuple(torch.randn(shape, generator=gen) for _ in range(signature.num_layers))
+    return KVCache(layers, layers, torch.arange(seq)[None], signature)
