@@ -32,6 +32,18 @@ def is_transient(error: BaseException) -> bool:
     return bool(names & _TRANSIENT_NAMES) or isinstance(error, (TimeoutError, ConnectionError))
 
 
+_OUTAGE_NAMES = {"APIConnectionError", "ConnectError", "ConnectTimeout", "ServiceUnavailableError", "BadGatewayError"}
+
+
+def is_outage(error: BaseException) -> bool:
+    """True when the backend could not be reached or said it is unavailable (connection errors, 502, 503,
+    504): the request itself was not at fault, so another backend may take it."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if names & _OUTAGE_NAMES or isinstance(error, ConnectionError):
+        return True
+    return getattr(error, "status_code", None) in (502, 503, 504)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How transient errors are retried.

@@ -16,7 +16,7 @@ from typing import Literal
 from agentkv.errors import ContextOverflowError, check_positive_int
 from agentkv.overflow import Overflow
 
-Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate", "observed"]
+Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate", "observed", "failover"]
 Role = Literal["fast", "slow"]
 
 
@@ -220,6 +220,32 @@ def after_recovery(decision: RouteDecision, plan: Recovery, *, fast: Target, slo
                         max_tokens=requested_max_tokens, policy=policy, reason="reactive_escalate",
                         count_source=decision.count_source)
     raise ValueError(f"a {plan.action!r} recovery has no next decision")
+
+
+def failover(decision: RouteDecision, *, fast: Target, slow: Target, policy: RoutePolicy, route_tokens: int,
+             safe_tokens: int, max_tokens: int | None) -> RouteDecision | None:
+    """Where a request goes when its backend is down (unreachable, 502/503/504 after retries), or None.
+
+    Fast down: slow, when it is usable and holds the request. Slow down: fast, when the (safe) input
+    leaves room for the caller's budget, or ``min_output`` of it (the budget is clamped to the room):
+    the output floor's margin is waived, since the alternative is losing the turn. The decision's
+    reason is ``"failover"``.
+    """
+    if decision.role == "fast":
+        if not slow.usable:
+            return None
+        try:
+            return escalate(fast, slow, route_tokens=route_tokens, safe_tokens=safe_tokens, max_tokens=max_tokens,
+                            policy=policy, reason="failover", count_source=decision.count_source)
+        except ContextOverflowError:
+            return None
+    if fast.window is None:
+        return None
+    room = fast.window - safe_tokens
+    if room < (policy.min_output if max_tokens is None else min(policy.min_output, max_tokens)):
+        return None
+    budget = None if max_tokens is None else min(max_tokens, room)
+    return RouteDecision(fast.name, "fast", "failover", route_tokens, fast.window, budget, decision.count_source)
 
 
 def _stated_prompt(overflow: Overflow) -> int | None:

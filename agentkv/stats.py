@@ -13,7 +13,7 @@ COUNTERS = (
     "warm_fired", "warm_skipped_cooldown", "warm_skipped_disabled", "warm_skipped_unknown_model",
     "warm_skipped_saturated", "warm_failed", "warm_completed", "escalations_after_warm",
     "cached_tokens_total", "cached_tokens_on_escalation", "mapped_tokens", "handoff_fallbacks",
-    "catalog_refusals", "warm_prefix_broken", "observed_requests",
+    "catalog_refusals", "warm_prefix_broken", "observed_requests", "failovers",
 )
 
 

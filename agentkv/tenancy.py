@@ -24,6 +24,31 @@ def derive_cache_salt(secret: str | bytes, tenant: str) -> str:
     return hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()
 
 
+def resolve_cache_salt(tenant: str | None, cache_salt: str | bool | None, secret: str | None, *,
+                       self_hosted: bool) -> str | None:
+    """The salt a Session sends, failing closed.
+
+    ``cache_salt`` given as a string wins; ``False`` opts out explicitly (the tenant then shares the
+    prefix cache with every other salt-less request: the cross-tenant timing channel of CVE-2025-46570).
+    Otherwise a tenant with a ``secret`` gets HMAC(secret, tenant); a tenant on a self-hosted backend
+    without one is refused with :class:`ConfigurationError` rather than sent unsalted.
+    """
+    if cache_salt is False:
+        return None
+    if isinstance(cache_salt, str) and cache_salt:
+        return cache_salt
+    if cache_salt is not None:
+        raise ConfigurationError(f"cache_salt must be a non-empty string, False or None, got {cache_salt!r}")
+    if tenant and secret:
+        return derive_cache_salt(secret, tenant)
+    if tenant and self_hosted:
+        raise ConfigurationError(
+            f"Session(tenant={tenant!r}) talks to a self-hosted backend but has no cache-salt secret, so its "
+            "requests would share the prefix cache with every other tenant: pass cache_salt_secret=... or set "
+            "AGENTKV_CACHE_SALT_SECRET (or cache_salt=False to share the cache knowingly)")
+    return None
+
+
 def with_cache_salt(kwargs: Mapping[str, Any], salt: str | None) -> dict[str, Any]:
     """A copy of litellm kwargs whose ``extra_body`` carries ``cache_salt`` (the caller's dicts untouched).
 

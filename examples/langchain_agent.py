@@ -69,7 +69,7 @@ def main() -> int:
         turns = script(hosts)
         fast_model = ScriptedChat(responses=turns).bind_tools([fetch_logs])
         messages = [SystemMessage("You are an on-call SRE agent."), HumanMessage("Why is eu-west slow?")]
-        with Session(fast=env.fast, slow=env.slow, tenant="acme") as s:
+        with Session(fast=env.fast, slow=env.slow, tenant="acme", cache_salt_secret="example-secret") as s:
             handler = AgentKVCallbackHandler(s, block_overflow=True)
             try:
                 while step(fast_model, messages, config={"callbacks": [handler]}):

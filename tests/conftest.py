@@ -6,6 +6,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The deployment secret per-tenant cache salts derive from (a tenant on a self-hosted backend needs one).
+os.environ.setdefault("AGENTKV_CACHE_SALT_SECRET", "agentkv-test-suite")
 
 import uuid
 

@@ -37,11 +37,16 @@ class Attempt:
     reactive_clamped: bool = False
     warm: str = ""
     handed_off: bool = False
+    failed_over: bool = False
+    timeout_s: float | None = None
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
-        """The litellm kwargs for this try."""
-        return request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens)
+        """The litellm kwargs for this try (the Session's request timeout unless the caller set one)."""
+        call = request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens)
+        if self.timeout_s is not None and call.get("timeout") is None:
+            call["timeout"] = self.timeout_s
+        return call
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,19 @@ from agentkv.events import emit, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient
-from agentkv.retry import RetryPolicy
+from agentkv.retry import RetryPolicy, is_outage
 from agentkv.routing import (
-    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, is_escalation, no_slow_target,
+    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, failover, is_escalation, no_slow_target,
     plan_recovery, slow_target,
 )
 from agentkv.stats import LedgerEntry, SessionStats
-from agentkv.tenancy import derive_cache_salt
+from agentkv.tenancy import resolve_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, shared_cooldowns, shared_in_flight
 from agentkv.warm.sender import BackgroundJobs, WarmAhead
+
+
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,10 @@ class Session:
     is the HTTP seam the Session's own counters use (``/tokenize``).
     ``cache_salt`` is sent as ``extra_body.cache_salt`` to self-hosted backends; when it is not given
     and the Session has a tenant, it is derived as HMAC(``cache_salt_secret``, tenant) (the secret
-    defaulting to ``AGENTKV_CACHE_SALT_SECRET``).
+    defaulting to ``AGENTKV_CACHE_SALT_SECRET``). A tenant on a self-hosted backend with neither is
+    refused (:class:`ConfigurationError`) unless ``cache_salt=False`` opts out of isolation knowingly.
+    ``request_timeout_s`` bounds each attempt of a request (a call's own ``timeout=`` wins; None: the
+    client's default, litellm's being 6,000 s).
     """
 
     def __init__(
@@ -77,8 +83,9 @@ class Session:
         discovery: WindowDiscovery | None = None,
         cooldowns: CooldownMap | None = None,
         in_flight: InFlightLimit | None = None,
-        cache_salt: str | None = None,
+        cache_salt: str | bool | None = None,
         cache_salt_secret: str | None = None,
+        request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
         client: CompletionClient | None = None,
         count_with_server: bool = True,
         http: HttpTransport | None = None,
@@ -92,7 +99,9 @@ class Session:
         self.session_id = session_id or str(uuid.uuid4())
         self.routing, self.warm_ahead, self.retry = routing, warm_ahead, retry
         self.discovery = discovery or default_discovery()
-        self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
+        self.cache_salt = resolve_cache_salt(tenant, cache_salt, cache_salt_secret or _env.cache_salt_secret(),
+                                             self_hosted=any(b.api_base for b in self._backends()))
+        self.request_timeout_s = _check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
         self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http)
                          for b in self._backends()}
@@ -145,7 +154,10 @@ class Session:
             try:
                 response = self.retry.call(functools.partial(self.client.completion, **call))
             except Exception as error:
-                overflow = _overflow_or_reraise(error)
+                overflow = overflow_from_error(error)
+                if overflow is None:
+                    attempt = self._fail_over(attempt, error, facts)
+                    continue
                 attempt = self._recover(attempt, error, overflow, self._recount(attempt), self._facts())
                 continue
             return self._finish(attempt, response, asynchronous=False)
@@ -163,7 +175,10 @@ class Session:
             try:
                 response = await self.retry.acall(functools.partial(self.client.acompletion, **call))
             except Exception as error:
-                overflow = _overflow_or_reraise(error)
+                overflow = overflow_from_error(error)
+                if overflow is None:
+                    attempt = self._fail_over(attempt, error, facts)
+                    continue
                 attempt = self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
                 continue
             return self._finish(attempt, response, asynchronous=True)
@@ -324,7 +339,8 @@ class Session:
         if decision.note:
             self._stats.add("catalog_refusals")
         self._log_route(decision, count)
-        return Attempt(decision, self._backend(decision.role), kwargs, payload, count, self.cache_salt)
+        return Attempt(decision, self._backend(decision.role), kwargs, payload, count, self.cache_salt,
+                       timeout_s=self.request_timeout_s)
 
     def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts,
                   role: Literal["fast", "slow"], asynchronous: bool) -> Observation:
@@ -384,6 +400,23 @@ class Session:
         escalated = decision.role != attempt.decision.role
         return replace(attempt, decision=decision, backend=self._backend(decision.role),
                        reactive_clamped=not escalated)
+
+    def _fail_over(self, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
+        """The next try when ``attempt``'s backend is down and the other one can take the request; any
+        other error (or a second outage) propagates untouched."""
+        if attempt.failed_over or self.slow is None or not is_outage(error):
+            raise error
+        decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=self.routing,
+                            route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
+                            max_tokens=_max_tokens(attempt.kwargs))
+        if decision is None:
+            raise error
+        self._stats.add("failovers")
+        emit("failover", level="warning", error=type(error).__name__, status_code=getattr(error, "status_code", None),
+             failed=attempt.backend.label, to=decision.backend, session=self.session_id, tenant=self.tenant)
+        self._log_route(decision, attempt.count)
+        return replace(attempt, decision=decision, backend=self._backend(decision.role), failed_over=True,
+                       reactive_clamped=False)
 
     # ----------------------------------------------------------------- at and after the answer
     def _finish(self, attempt: Attempt, response: Any, *, asynchronous: bool) -> Any:
@@ -448,14 +481,6 @@ def _quietly_sync(fn: Any, *args: Any) -> None:
         emit("diagnostic_failed", level="debug", error=type(exc).__name__)
 
 
-def _overflow_or_reraise(error: Exception) -> Overflow:
-    """The overflow an error reports; any other error propagates untouched."""
-    overflow = overflow_from_error(error)
-    if overflow is None:
-        raise error
-    return overflow
-
-
 def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
     """The output budget the server will obey: ``max_completion_tokens``, else ``max_tokens`` (as vLLM)."""
     for key in ("max_completion_tokens", "max_tokens"):
@@ -475,6 +500,7 @@ def _check_backends(fast: Any, slow: Any) -> None:
         raise ConfigurationError(f"fast and slow backends need distinct names; both are {fast.label!r}")
 
 
-def _derive_salt(tenant: str | None, secret: str | None) -> str | None:
-    secret = secret or _env.cache_salt_secret()
-    return derive_cache_salt(secret, tenant) if tenant and secret else None
+def _check_timeout(value: float | None) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise ConfigurationError(f"Session(request_timeout_s=...) must be a positive number or None, got {value!r}")
+    return value

@@ -1,0 +1,297 @@
+"""Fail safe under faults and hostile input: one regression test per finding of the reliability review."""
+
+import asyncio
+import threading
+
+import pytest
+
+from agentkv import Backend, ConfigurationError, ContextOverflowError, Session, WindowDiscovery
+from agentkv._http import HttpError
+from agentkv.testing import FakeClock, FakeHttp, capture_events, models_answer
+from agentkv.warm import CooldownMap, InFlightLimit
+
+FAST, SLOW = "http://127.0.0.1:9201/v1", "http://127.0.0.1:9202/v1"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def backends(fast_window=None, slow_window=None):
+    return (Backend("hosted_vllm/fast-m", api_base=FAST, name="fast", window=fast_window),
+            Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", window=slow_window))
+
+
+class Answers:
+    """A completion client answering with vLLM-style usage; ``down`` maps an api_base to the error it raises."""
+
+    def __init__(self, down=None):
+        self.down = dict(down or {})
+        self.sent = []
+
+    def _answer(self, kwargs):
+        self.sent.append(kwargs)
+        error = self.down.get(kwargs.get("api_base"))
+        if error is not None:
+            raise error
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}}
+
+    def completion(self, **kwargs):
+        return self._answer(kwargs)
+
+    async def acompletion(self, **kwargs):
+        return self._answer(kwargs)
+
+
+class Flaky:
+    """A /v1/models server that fails while ``failing`` is set."""
+
+    def __init__(self, window=4096, failing=True):
+        self.window, self.failing, self.lock = window, failing, threading.Lock()
+
+    def __call__(self, method, url, body):
+        if self.failing:
+            return 500, {"error": {"message": "Internal Server Error", "code": 500}}
+        model = "fast-m" if url.startswith(FAST) else "slow-m"
+        return models_answer(model, self.window)
+
+
+def test_a_failed_models_fetch_is_retried_after_a_short_back_off_not_the_ttl():
+    """Finding 1: one 500 at start-up is forgotten seconds later, not after the 15-minute TTL."""
+    clock, server = FakeClock(), Flaky()
+    discovery = WindowDiscovery(timer=clock, http=FakeHttp(server), retry_s=2.0)
+    fast, _ = backends()
+    assert discovery.window(fast).window is None
+    server.failing = False
+    assert discovery.window(fast).window is None  # still backing off
+    clock.advance(2.1)
+    assert discovery.window(fast).window == 4096 and discovery.served_model_known(fast)
+
+
+def test_failures_back_off_and_warn_once_per_episode():
+    """Finding 1: a failing server is asked at a doubling interval, and warned about once, not per request."""
+    clock, server = FakeClock(), Flaky()
+    http = FakeHttp(server)
+    discovery = WindowDiscovery(timer=clock, http=http, retry_s=1.0, max_retry_s=8.0)
+    fast, _ = backends()
+    with capture_events() as events:
+        for _ in range(40):
+            discovery.window(fast)
+            clock.advance(0.5)
+    assert len(http.calls) == 5  # at t = 0, 1, 3, 7, 15 (the 8 s cap from there on): 20 s, 40 requests
+    warnings = [e for e in events if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["discovery_failed", "window_fallback"]
+
+
+def test_a_failure_never_replaces_a_success():
+    """Finding 2: after a success, a later failure keeps the last good window instead of None."""
+    clock, server = FakeClock(), Flaky(failing=False)
+    discovery = WindowDiscovery(ttl_s=10.0, timer=clock, http=FakeHttp(server))
+    fast, _ = backends()
+    assert discovery.window(fast).window == 4096
+    server.failing = True
+    clock.advance(11.0)  # the success expired; the refetch fails
+    assert discovery.window(fast).window == 4096
+
+
+async def test_fifty_cold_async_sessions_send_one_models_request():
+    """Finding 2: discovery is single-flight: 50 concurrent cold lookups share one GET /v1/models."""
+    http = FakeHttp(Flaky(failing=False), latency_s=0.05)
+    discovery = WindowDiscovery(http=http)
+    fast, _ = backends()
+    infos = await asyncio.gather(*(discovery.awindow(fast) for _ in range(50)))
+    assert {i.window for i in infos} == {4096} and len(http.calls) == 1
+
+
+def test_sync_threads_share_one_flight_too():
+    """Finding 2: eight threads asking at once send one GET /v1/models."""
+    http = FakeHttp(Flaky(failing=False), latency_s=0.05)
+    discovery = WindowDiscovery(http=http)
+    fast, _ = backends()
+    threads = [threading.Thread(target=discovery.window, args=(fast,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(http.calls) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -5, "4096", True, 1.5])
+def test_a_non_positive_or_non_integer_window_is_unknown(bad):
+    """Finding 3: max_model_len <= 0 (or not an int) from a server is unknown, never trusted."""
+    http = FakeHttp(lambda method, url, body: models_answer("slow-m" if url.startswith(SLOW) else "fast-m", bad))
+    fast, slow = backends(fast_window=2048)
+    s = Session(fast, slow, discovery=WindowDiscovery(http=http), http=http, client=Answers(), count_with_server=False)
+    big = [{"role": "user", "content": "word " * 3000}]
+    s.completion(messages=big, max_tokens=8)  # slow's window is unknown: sent there, not refused
+    assert s.last_route.role == "slow" and s.last_route.window is None
+
+
+def test_the_escalated_turn_does_not_wait_for_the_warm_prefix_diagnostic():
+    """Finding 5: the broken-warm check's /tokenize calls run after the escalated turn has returned."""
+    gate, asked = threading.Event(), threading.Event()
+
+    def server(method, url, body):
+        if url.endswith("/models"):
+            return models_answer("slow-m" if url.startswith(SLOW) else "fast-m", 2048 if url.startswith(FAST) else 16384)
+        if url.startswith("http://127.0.0.1:9202"):  # the slow server's /tokenize hangs until released
+            asked.set()
+            gate.wait(10)
+        count = 10 + sum(len(str(m["content"]).split()) for m in body["messages"])
+        return {"count": count, "max_model_len": 16384, "tokens": list(range(count))}
+
+    http = FakeHttp(server)
+    fast, slow = backends()
+    s = Session(fast, slow, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
+                cooldowns=CooldownMap(), in_flight=InFlightLimit(4))
+    s.completion(messages=[{"role": "user", "content": "word " * 1300}], max_tokens=8)  # ~65%: warms
+    s.completion(messages=[{"role": "user", "content": "word " * 2100}], max_tokens=8)  # escalates
+    returned_before_release = not gate.is_set()
+    assert asked.wait(5) and returned_before_release and s.last_route.role == "slow"
+    gate.set()
+    assert s.drain_warms(10) and s.stats()["escalations_after_warm"] == 1
+
+
+def test_a_tenant_without_a_salt_secret_is_refused(monkeypatch):
+    """Finding 7: a tenant on a self-hosted backend with no secret fails closed, naming the variable."""
+    monkeypatch.delenv("AGENTKV_CACHE_SALT_SECRET", raising=False)
+    with pytest.raises(ConfigurationError, match="AGENTKV_CACHE_SALT_SECRET"):
+        Session(*backends(), tenant="acme")
+    assert Session(*backends(), tenant="acme", cache_salt=False).cache_salt is None  # the explicit opt-out
+    assert Session(*backends()).cache_salt is None  # no tenant: nothing to isolate
+    monkeypatch.setenv("AGENTKV_CACHE_SALT_SECRET", "s3cret")
+    assert Session(*backends(), tenant="acme").cache_salt
+
+
+def test_a_failed_warm_logs_no_server_text():
+    """Finding 8: warm_failed carries the error type and status, never the server's error text."""
+    secret = "PROMPT-TEXT-ECHOED-BY-THE-SERVER"
+
+    class Echo(Exception):
+        status_code = 500
+
+    http = FakeHttp(lambda m, u, b: models_answer("slow-m" if u.startswith(SLOW) else "fast-m",
+                                                  2048 if u.startswith(FAST) else 16384))
+    client = Answers(down={SLOW: Echo(secret)})
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False,
+                cooldowns=CooldownMap(), in_flight=InFlightLimit(4))
+    with capture_events() as events:
+        s.completion(messages=[{"role": "user", "content": "word " * 1300}], max_tokens=8)
+        assert s.drain_warms(10)
+    failed = [e for e in events if e["event"] == "warm_failed"]
+    assert failed and failed[0]["error"] == "Echo" and failed[0]["status_code"] == 500
+    assert secret not in repr(events)
+
+
+@pytest.mark.parametrize("budget", [{"max_tokens": 0}, {"max_tokens": -1}, {"max_completion_tokens": "10"},
+                                    {"max_tokens": True}, {"max_tokens": 8, "max_completion_tokens": 0}])
+def test_a_bad_budget_is_refused_before_any_network_call(budget):
+    """Finding 11: an invalid max_tokens/max_completion_tokens raises before /models or /tokenize."""
+    http = FakeHttp(lambda m, u, b: pytest.fail("no network call expected"))
+    client = Answers()
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client)
+    with pytest.raises(ValueError, match="max_"):
+        s.completion(messages=HI, **budget)
+    assert http.calls == [] and client.sent == []
+
+
+class ConnectError(Exception):
+    """Named like httpx's and litellm's connection errors."""
+
+
+def discovered(http_windows=(2048, 16384)):
+    return FakeHttp(lambda m, u, b: models_answer("slow-m" if u.startswith(SLOW) else "fast-m",
+                                                  http_windows[0] if u.startswith(FAST) else http_windows[1]))
+
+
+def test_a_fast_outage_fails_over_to_slow():
+    """Finding 12: fast refusing connections hands a fitting turn to slow, counted and logged."""
+    http = discovered()
+    client = Answers(down={FAST: ConnectError("connection refused")})
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False,
+                retry=_no_retry())
+    with capture_events() as events:
+        resp = s.completion(messages=HI, max_tokens=8)
+    assert resp["choices"] and s.last_route.role == "slow" and s.last_route.reason == "failover"
+    assert s.stats()["failovers"] == 1 and any(e["event"] == "failover" for e in events)
+
+
+async def test_a_slow_outage_fails_over_to_fast_when_the_request_fits():
+    """Finding 12: a 503 from slow sends a request that fits fast (clamped if need be) to fast."""
+
+    class Unavailable(Exception):
+        status_code = 503
+
+    http = discovered()
+    client = Answers(down={SLOW: Unavailable("busy")})
+    # an exact count of 1,900 tokens: 1,900 + the 256 floor overflows fast, so it goes to slow; slow is down, and
+    # fast still holds 1,900 + 100
+    exact = FakeHttp(lambda m, u, b: {"count": 1900, "max_model_len": 2048, "tokens": list(range(1900))}
+                     if u.endswith("/tokenize") else http.handler(m, u, b))
+    s = Session(*backends(), discovery=WindowDiscovery(http=exact), http=exact, client=client, retry=_no_retry())
+    await s.acompletion(messages=[{"role": "user", "content": "a long tool result"}], max_tokens=100)
+    assert s.last_route.role == "fast" and s.last_route.reason == "failover" and s.last_route.max_tokens == 100
+    assert [c["api_base"] for c in client.sent] == [SLOW, FAST]
+
+
+def test_an_outage_with_nowhere_to_go_propagates():
+    """Finding 12: a request that fits only the backend that is down raises the original error."""
+    http = discovered()
+    client = Answers(down={SLOW: ConnectError("refused")})
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False,
+                retry=_no_retry())
+    with pytest.raises(ConnectError):
+        s.completion(messages=[{"role": "user", "content": "word " * 2500}], max_tokens=8)
+
+
+def test_every_attempt_carries_a_default_timeout_the_caller_can_override():
+    """Finding 12: a request timeout is set by default (per Session), and a call's timeout= wins."""
+    http = discovered()
+    client = Answers()
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False)
+    s.completion(messages=HI, max_tokens=8)
+    s.completion(messages=HI, max_tokens=8, timeout=5)
+    short = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False,
+                    request_timeout_s=30)
+    short.completion(messages=HI, max_tokens=8)
+    assert [c["timeout"] for c in client.sent] == [600.0, 5, 30]
+
+
+def test_a_give_up_names_every_backend_considered():
+    """Finding 12: ContextOverflowError.windows names fast and slow, not only the last backend."""
+
+    class Overflowing(Exception):
+        status_code = 400
+
+    message = ("This model's maximum context length is 16384 tokens. However, you requested 20000 tokens "
+               "(19992 in the messages, 8 in the completion). Please reduce the length of the messages or completion.")
+    http = discovered()
+    client = Answers(down={SLOW: Overflowing(message)})
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False)
+    with pytest.raises(ContextOverflowError) as caught:
+        s.completion(messages=[{"role": "user", "content": "word " * 3000}], max_tokens=8)
+    assert set(caught.value.windows) == {"fast", "slow"}
+
+
+def test_async_tokenize_reuses_one_pooled_client():
+    """Finding 12: async /tokenize calls share one pooled httpx.AsyncClient per event loop."""
+    from agentkv._http import HttpxTransport
+
+    transport = HttpxTransport()
+
+    async def two_calls():
+        clients = []
+        for _ in range(2):
+            try:
+                await transport.apost_json("http://127.0.0.1:9/tokenize", {}, timeout_s=0.2)
+            except HttpError:
+                pass
+            clients.append(transport._async_client())
+        return clients
+
+    first, second = asyncio.run(two_calls())
+    assert first is second
+
+
+def _no_retry():
+    from agentkv import RetryPolicy
+
+    return RetryPolicy(attempts=1)
