@@ -16,7 +16,7 @@ Importing this package does not import torch; the torch-backed names below (``ca
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentkv.handoff.cache import KVCache
 from agentkv.handoff.config import CalibrationConfig, MLPConfig
@@ -40,6 +40,12 @@ from agentkv.handoff.registry import (
     unregister_mapper,
 )
 from agentkv.handoff.signature import ModelSignature, SignaturePair
+
+if TYPE_CHECKING:
+    from agentkv.handoff.calibration import calibrate, fit_store
+    from agentkv.handoff.evaluation import Evaluation, evaluate
+    from agentkv.handoff.mlp import MLPMapper
+    from agentkv.handoff.ridge import RidgeMapper
 
 _LAZY = {
     "calibrate": "agentkv.handoff.calibration",
@@ -85,6 +91,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agentkv.handoff' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentkv.handoff' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
