@@ -178,6 +178,9 @@ class _Flight:
             return
 
 
+_NO_FLIGHT = _Flight()
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -245,38 +248,26 @@ class WindowDiscovery:
 
     def server_info(self, backend: Backend) -> ServerInfo | None:
         """The cached or freshly fetched ``/models`` answer (the last good one while failing), or None."""
-        if backend.api_base is None:
-            return None
-        key = _key(backend)
-        hit, info = self._cached(key)
-        if hit:
-            return info
-        flight, leader = self._join(key)
-        if not leader:
+        action, key, flight = self._next(backend)
+        if action == "fetch":
+            try:
+                self._landed(key, backend, self._fetch(backend))
+            finally:
+                self._release(key, flight)
+        elif action == "wait":
             flight.done.wait(self._timeout_s + 1.0)
-            return self._cached(key)[1]
-        try:
-            self._landed(key, backend, self._fetch(backend))
-        finally:
-            self._release(key, flight)
         return self._cached(key)[1]
 
     async def aserver_info(self, backend: Backend) -> ServerInfo | None:
         """:meth:`server_info` over async HTTP, sharing the cache and the single flight."""
-        if backend.api_base is None:
-            return None
-        key = _key(backend)
-        hit, info = self._cached(key)
-        if hit:
-            return info
-        flight, leader = self._join(key)
-        if not leader:
+        action, key, flight = self._next(backend)
+        if action == "fetch":
+            try:
+                self._landed(key, backend, await self._afetch(backend))
+            finally:
+                self._release(key, flight)
+        elif action == "wait":
             await flight.wait(self._timeout_s + 1.0)
-            return self._cached(key)[1]
-        try:
-            self._landed(key, backend, await self._afetch(backend))
-        finally:
-            self._release(key, flight)
         return self._cached(key)[1]
 
     # --------------------------------------------------------------- corrections
@@ -335,13 +326,17 @@ class WindowDiscovery:
                 return True, self._last_good.get(key)
             return False, None
 
-    def _join(self, key: tuple[str, str]) -> tuple[_Flight, bool]:
+    def _next(self, backend: Backend) -> tuple[str, tuple[str, str], _Flight]:
+        """What a lookup does: "answer" from the cache, "wait" for the fetch in flight, or "fetch" as its leader."""
+        key = _key(backend)
+        if backend.api_base is None or self._cached(key)[0]:
+            return "answer", key, _NO_FLIGHT  # a cloud backend has no /models: its key is never cached
         with self._lock:
             flight = self._flights.get(key)
             if flight is not None:
-                return flight, False
+                return "wait", key, flight
             flight = self._flights[key] = _Flight()
-            return flight, True
+            return "fetch", key, flight
 
     def _release(self, key: tuple[str, str], flight: _Flight) -> None:
         with self._lock:
