@@ -177,6 +177,6 @@ class AgentKVLogger(CustomLogger):
         self._add("failed")
 
     def _hook_error(self, hook: str, exc: Exception) -> None:
-        emit("litellm_hook_error", level="warning", hook=hook, error=type(exc).__name__, detail=str(exc)[:200],
+        emit("litellm_hook_error", level="warning", hook=hook, error=type(exc).__name__,
              session=self.session.session_id)
         self._add("hook_errors")
