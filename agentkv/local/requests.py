@@ -1,0 +1,459 @@
+"""Request bodies as pydantic models with vLLM's validation rules and messages, and what they ask the engine for.
+
+The models follow vLLM's ``ChatCompletionRequest``/``CompletionRequest`` (``vllm/entrypoints/openai``): unknown
+fields are accepted and ignored, ``seed`` must fit int64, ``tool_choice`` must agree with ``tools``, one
+structured-output constraint at most, ``stream_options`` only with ``stream``. :func:`parse` turns any failure
+into a :class:`RequestError` (400 with vLLM's error JSON), never an exception a server would answer with 500.
+:func:`sampling_params` applies the checks that need the served model (vocabulary, ``max_logprobs``).
+
+Usage::
+
+    request = parse(ChatCompletionRequest, body)
+    params = sampling_params(request, max_tokens=16, vocab_size=100352, max_logprobs=20)
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Literal, Mapping, Sequence, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentkv.local.grammar import GrammarSpec
+from agentkv.local.limits import error_body
+from agentkv.local.sampling import SamplingParams
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGIT_BIAS = 100.0
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status`` with vLLM's error JSON."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(message, type=type, param=param, code=status)
+
+
+class ParamError(ValueError):
+    """A field vLLM rejects (its ``VLLMValidationError``): the message names the parameter and value."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: Any = None) -> None:
+        super().__init__(message)
+        self.parameter, self.value = parameter, value
+
+    def __str__(self) -> str:
+        extras = [f"{k}={v}" for k, v in (("parameter", self.parameter), ("value", self.value)) if v is not None]
+        base = super().__str__()
+        return f"{base} ({', '.join(extras)})" if extras else base
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Message(_Model):
+    """One chat message: a role is required; content is text, a list of parts, or null."""
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _text_parts(self) -> Message:
+        for part in self.content if isinstance(self.content, list) else ():
+            kind = part.get("type")
+            if kind == "text" and not isinstance(part.get("text"), str):
+                raise ParamError("A text content part needs a string `text`.", parameter="content")
+            if kind not in ("text", "input_text", "refusal"):
+                raise ParamError(f"Content part type {kind!r} is not supported by this text-only model.",
+                                 parameter="content")
+        return self
+
+
+class FunctionDefinition(_Model):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Model):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+class JsonSchema(_Model):
+    name: str = "schema"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class StructuredOutputs(_Model):
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
+class StreamOptions(_Model):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+class _Sampling(_Model):
+    """Fields the chat and completion requests share (vLLM's sampling parameters)."""
+
+    model: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    max_tokens: int | None = None
+    n: int | None = 1
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = Field(default_factory=list)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputs | None = None
+    response_format: ResponseFormat | None = None
+    echo: bool = False
+    add_special_tokens: bool = False
+    cache_salt: str | None = None
+    request_id: str | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_rules(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        salt = data.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ParamError("Parameter 'cache_salt' must be a non-empty string if provided.",
+                             parameter="cache_salt")
+        if data.get("stream_options") and not data.get("stream"):
+            raise ParamError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
+        prompt_logprobs = data.get("prompt_logprobs")
+        if prompt_logprobs is not None:
+            if isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int):
+                raise ParamError("`prompt_logprobs` must be an integer.", parameter="prompt_logprobs",
+                                 value=prompt_logprobs)
+            if data.get("stream") and (prompt_logprobs > 0 or prompt_logprobs == -1):
+                raise ParamError("`prompt_logprobs` are not available when `stream=True`.",
+                                 parameter="prompt_logprobs")
+            if prompt_logprobs < -1:
+                raise ParamError("`prompt_logprobs` must be a positive value or -1.", parameter="prompt_logprobs",
+                                 value=prompt_logprobs)
+        structured = data.get("structured_outputs")
+        if isinstance(structured, dict):
+            count = sum(structured.get(k) is not None for k in ("json", "regex", "choice", "grammar"))
+            if count > 1:
+                raise ParamError("You can only use one kind of constraints for structured outputs "
+                                 "('json', 'regex' or 'choice').")
+        response_format = data.get("response_format")
+        if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+            schema = response_format.get("json_schema")
+            if schema is None:
+                raise ParamError("When response_format type is 'json_schema', the 'json_schema' field must be "
+                                 "provided.", parameter="response_format")
+            if isinstance(schema, dict) and schema.get("schema") is None:
+                raise ParamError("When response_format type is 'json_schema', 'json_schema.schema' must be "
+                                 "provided.", parameter="response_format")
+        return data
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class ChatCompletionRequest(_Sampling):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[Message]
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_completion_tokens: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = "none"
+    parallel_tool_calls: bool | None = True
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_rules(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("continue_final_message") and data.get("add_generation_prompt"):
+            raise ParamError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        top = data.get("top_logprobs")
+        if top is not None:
+            if isinstance(top, bool) or not isinstance(top, (int, float)):
+                raise ParamError("`top_logprobs` must be an integer.", parameter="top_logprobs", value=top)
+            if top < 0 and top != -1:
+                raise ParamError("`top_logprobs` must be a positive value or -1.", parameter="top_logprobs",
+                                 value=top)
+            if (top == -1 or top > 0) and not data.get("logprobs"):
+                raise ParamError("when using `top_logprobs`, `logprobs` must be set to true.",
+                                 parameter="top_logprobs")
+        _check_tool_usage(data)
+        return data
+
+    def output_budget(self) -> tuple[int | None, str]:
+        """The requested output tokens and the field that asked for them."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+
+def _check_tool_usage(data: dict[str, Any]) -> None:
+    """vLLM's ``check_tool_usage``: defaults and consistency of ``tool_choice`` with ``tools``."""
+    if data.get("tools") == []:
+        raise ParamError("`tools` must not be an empty array. Either provide at least one tool or omit the field "
+                         "entirely.", parameter="tools")
+    if data.get("tool_choice") is None:
+        data["tool_choice"] = "auto" if data.get("tools") else "none"
+    choice = data["tool_choice"]
+    if choice == "none":
+        return
+    if not data.get("tools"):
+        raise ParamError("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise ParamError(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                         '"required" are supported.', parameter="tool_choice")
+    if isinstance(choice, dict):
+        usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+        function = choice.get("function")
+        if not isinstance(function, dict):
+            raise ParamError(f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}",
+                             parameter="tool_choice.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ParamError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}",
+                             parameter="tool_choice.function.name")
+        names = [t.get("function", {}).get("name") for t in data["tools"] if isinstance(t, dict)]
+        if name not in names:
+            raise ParamError("The tool specified in `tool_choice` does not match any of the specified `tools`",
+                             parameter="tool_choice")
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    max_tokens: int | None = 16
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _completion_rules(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        logprobs = data.get("logprobs")
+        if isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs < -1:
+            raise ParamError("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
+        if data.get("suffix") is not None:
+            raise ParamError("suffix is not currently supported", parameter="suffix")
+        return data
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s) as text or token ids; an empty list is refused."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise RequestError("Prompt cannot be empty.", param="prompt")
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+class TokenizeRequest(_Model):
+    """``POST /tokenize``: the chat form when ``messages`` is present, the prompt form otherwise."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    tools: list[Tool] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenizeRequest:
+        if self.messages is None and self.prompt is None:
+            raise ParamError("Either `prompt` or `messages` must be given.", parameter="prompt")
+        if self.continue_final_message and self.add_generation_prompt and self.messages is not None \
+                and "add_generation_prompt" in (self.model_extra or {}):
+            raise ParamError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return self
+
+
+class DetokenizeRequest(_Model):
+    """``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], body: Any) -> M:
+    """``body`` validated as ``model``; any failure is a 400 :class:`RequestError` with vLLM's message."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _from_validation(exc) from None
+    except ParamError as exc:
+        raise RequestError(str(exc), param=exc.parameter) from None
+
+
+def _from_validation(exc: ValidationError) -> RequestError:
+    errors = exc.errors(include_url=False)
+    for error in errors:
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, ParamError):
+            return RequestError(str(cause), param=cause.parameter)
+    summary = [{k: v for k, v in e.items() if k in ("type", "loc", "msg", "input")} for e in errors]
+    return RequestError(f"{exc} {summary}")
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, field: str) -> None:
+    """vLLM's out-of-vocabulary check for ``logit_bias`` and ``stop_token_ids``."""
+    invalid = [i for i in ids if i < 0 or i >= vocab_size]
+    if invalid:
+        raise RequestError(f"token_id(s) {invalid} in {field} contain out-of-vocab token ids. Vocabulary size: "
+                           f"{vocab_size} (parameter={field}, value={invalid})", param=field)
+
+
+def logit_bias(raw: Mapping[str, float] | None, vocab_size: int) -> dict[int, float]:
+    """``logit_bias`` with integer keys, checked against the vocabulary, values clamped to [-100, 100]."""
+    if not raw:
+        return {}
+    bad = [key for key in raw if not _is_int(key)]
+    if bad:
+        raise RequestError(f"Invalid key(s) in logit_bias: {bad}. Keys must be token ids given as integers.",
+                           param="logit_bias")
+    bias = {int(key): max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(value))) for key, value in raw.items()}
+    check_token_ids(list(bias), vocab_size, "logit_bias")
+    return bias
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _verify(request: _Sampling, max_tokens: int) -> None:
+    """vLLM's ``SamplingParams._verify_args`` for the fields agentkv serves."""
+    checks: list[tuple[bool, str, str, Any]] = [
+        (request.n is not None and request.n < 1, "n", "n must be at least 1, got {}.", request.n),
+        (request.temperature is not None and request.temperature < 0, "temperature",
+         "temperature must be non-negative, got {}.", request.temperature),
+        (request.top_p is not None and not 0 < request.top_p <= 1, "top_p", "top_p must be in (0, 1], got {}.",
+         request.top_p),
+        (request.top_k is not None and request.top_k < -1, "top_k",
+         "top_k must be 0 (disable), or at least 1, got {}.", request.top_k),
+        (request.min_p is not None and not 0 <= request.min_p <= 1, "min_p", "min_p must be in [0, 1], got {}.",
+         request.min_p),
+        (request.presence_penalty is not None and not -2 <= request.presence_penalty <= 2, "presence_penalty",
+         "presence_penalty must be in [-2, 2], got {}.", request.presence_penalty),
+        (request.frequency_penalty is not None and not -2 <= request.frequency_penalty <= 2, "frequency_penalty",
+         "frequency_penalty must be in [-2, 2], got {}.", request.frequency_penalty),
+        (request.repetition_penalty is not None and request.repetition_penalty <= 0, "repetition_penalty",
+         "repetition_penalty must be greater than zero, got {}.", request.repetition_penalty),
+        (max_tokens < 1, "max_tokens", "max_tokens must be at least 1, got {}.", max_tokens),
+        (request.min_tokens < 0, "min_tokens", "min_tokens must be greater than or equal to 0, got {}.",
+         request.min_tokens),
+        (request.min_tokens > max_tokens, "min_tokens",
+         f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {{}}.", request.min_tokens),
+        (any(s == "" for s in request.stops()), "stop", "stop cannot contain an empty string.{}", ""),
+    ]
+    for failed, param, message, value in checks:
+        if failed:
+            raise RequestError(f"{message.format(value)} (parameter={param}, value={value})", param=param)
+
+
+def _check_logprobs(kind: str, count: int | None, vocab_size: int, max_logprobs: int) -> None:
+    if count is None:
+        return
+    wanted = vocab_size if count == -1 else count
+    if wanted > max_logprobs:
+        param = "logprobs" if kind == "sample" else "prompt_logprobs"
+        raise RequestError(f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: "
+                           f"{max_logprobs} (parameter={param}, value={wanted})", param=param)
+
+
+def grammar_spec(request: _Sampling) -> GrammarSpec | None:
+    """The structured-output constraint a request asks for (``structured_outputs`` or ``response_format``)."""
+    so = request.structured_outputs
+    if so is not None:
+        for kind, value in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                            ("grammar", so.grammar)):
+            if value is not None:
+                return GrammarSpec(kind, value)
+        if so.json_object:
+            return GrammarSpec("json_object")
+    rf = request.response_format
+    if rf is not None and rf.type == "json_object":
+        return GrammarSpec("json_object")
+    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
+        return GrammarSpec("json", rf.json_schema.json_schema)
+    return None
+
+
+def sampling_params(request: _Sampling, *, max_tokens: int, vocab_size: int, max_logprobs: int,
+                    logprobs: int | None, prompt_logprobs: int | None, grammar: Any = None,
+                    default_temperature: float = 0.0) -> SamplingParams:
+    """The engine's :class:`SamplingParams` for one sequence of ``request`` (seed as given, or random)."""
+    _verify(request, max_tokens)
+    _check_logprobs("sample", logprobs, vocab_size, max_logprobs)
+    _check_logprobs("prompt", prompt_logprobs, vocab_size, max_logprobs)
+    check_token_ids(request.stop_token_ids or [], vocab_size, "stop_token_ids")
+    temperature = request.temperature if request.temperature is not None else default_temperature
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=request.top_p if request.top_p is not None else 1.0,
+        top_k=max(0, request.top_k or 0), seed=request.seed if request.seed is not None else random.getrandbits(62),
+        min_tokens=request.min_tokens, stop=request.stops(), stop_token_ids=tuple(request.stop_token_ids or ()),
+        include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
+        logit_bias=logit_bias(request.logit_bias, vocab_size), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        grammar=grammar,
+    )
