@@ -170,17 +170,21 @@ class LocalServer:
 
     @classmethod
     def from_size(cls, size: str = "small", *, window: int | None = None, model_id: str | None = None,
-                  port: int = 0, **engine_kwargs: Any) -> LocalServer:
+                  port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
+                  **engine_kwargs: Any) -> LocalServer:
         """A server over ``LocalEngine.from_size(size)``, served as ``agentkv-{size}`` unless named."""
         engine = LocalEngine.from_size(size, model_id=model_id, max_model_len=window, **engine_kwargs)
-        return cls(engine, port=port)
+        return cls(engine, port=port, enable_prompt_tokens_details=enable_prompt_tokens_details,
+                   max_logprobs=max_logprobs)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, window: int | None = None, model_id: str | None = None,
-                        port: int = 0, **engine_kwargs: Any) -> LocalServer:
+                        port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
+                        **engine_kwargs: Any) -> LocalServer:
         """A server over a checkpoint folder; the model id defaults to the folder's name."""
         engine = LocalEngine.from_pretrained(path, model_id=model_id, max_model_len=window, **engine_kwargs)
-        return cls(engine, port=port, root=str(path))
+        return cls(engine, port=port, root=str(path), enable_prompt_tokens_details=enable_prompt_tokens_details,
+                   max_logprobs=max_logprobs)
 
     # --- where it listens ------------------------------------------------------------------------
 
