@@ -355,7 +355,8 @@ class LocalEngine:
             if abort.is_set():
                 state.finish = "abort"
                 return
-            token, logprob = sampler(logits)
+            with intra_op_threads(self.decode_threads):  # vector ops on [vocab]: 1 thread avoids pool contention
+                token, logprob = sampler(logits)
             trace.token_times.append(time.perf_counter())
             state.generated.append(token)
             state.logprobs.append(logprob)
