@@ -160,7 +160,7 @@ def test_gauges_are_zero_when_idle(server):
 def test_stream_disconnect_aborts_the_request(server):
     """A client that drops a stream mid-way has its request aborted: the engine goes idle, KV usage back to 0."""
     aborted = server.engine.stats().requests_finished.get("abort", 0)
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 900, "stream": True, "extra_body": None,
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1000, "stream": True,
             "ignore_eos": True}
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", server.api_base + "/completions", json=body) as response:
@@ -221,3 +221,36 @@ def test_a_request_waits_while_the_model_is_busy(server):
         engine._lock.release()
     worker.join()
     assert results[0].completion_tokens == 2 and engine.stats().waiting == 0
+
+
+def test_abandoned_requests_do_not_starve_the_next(server):
+    """Requests whose clients time out are cancelled, so a later request is answered promptly (vLLM's test)."""
+    import asyncio
+
+    async def flood() -> None:
+        async with openai.AsyncOpenAI(base_url=server.api_base, api_key="unused", max_retries=0,
+                                      timeout=0.3) as hasty:
+            calls = [hasty.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "story"}],
+                                                   max_tokens=900, extra_body={"min_tokens": 900})
+                     for _ in range(6)]
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(o, openai.APITimeoutError) for o in outcomes)
+
+    asyncio.run(flood())
+    wait_idle(server)
+    with openai.OpenAI(base_url=server.api_base, api_key="unused", max_retries=0, timeout=5) as patient:
+        reply = patient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=5)
+    assert len(reply.choices) == 1 and server.engine.stats().requests_finished["abort"] >= 6
+
+
+def test_load_reports_requests_in_flight(server):
+    """/load is 0 when idle and counts a request while it runs."""
+    assert httpx.get(server.base_url + "/load").json() == {"server_load": 0}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.api_base + "/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()  # held: a dropped iterator closes the connection, which aborts the request
+        next(lines)
+        assert httpx.get(server.base_url + "/load").json() == {"server_load": 1}
+    wait_idle(server)
+    assert httpx.get(server.base_url + "/load").json() == {"server_load": 0}

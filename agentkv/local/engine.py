@@ -333,6 +333,9 @@ class LocalEngine:
         """Prefill, then sample and decode one token per turn until a stop condition; fills ``state``."""
         trace = state.trace
         self._turn(abort)
+        if abort.is_set():  # its client left while it waited: never prefill it
+            self._lock.release()
+            raise Aborted()
         try:
             with self._stats_lock:
                 self._waiting -= 1

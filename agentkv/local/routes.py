@@ -2,7 +2,7 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (JSON or SSE),
 ``POST /invocations``, ``POST /tokenize`` and ``/detokenize``, ``GET /metrics``, ``/health``, ``/ping``,
-``/version``. Errors use vLLM's JSON; unknown paths answer as FastAPI does.
+``/version``, ``/load``. Errors use vLLM's JSON; unknown paths answer as FastAPI does.
 
 A generating reply is deferred: :attr:`Reply.work` (a whole response) or :attr:`Reply.events` (SSE) run in a
 worker thread of the socket layer, which sets :attr:`Reply.abort` when the client goes away; the engine then
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterator, Protocol
 
@@ -188,6 +188,13 @@ def health(served: Served, body: Any, reply: Reply) -> Reply:
     return reply
 
 
+def load(served: Served, body: Any, reply: Reply) -> Reply:
+    """``GET /load``: requests in flight (running or waiting), as vLLM's server-load tracking reports."""
+    stats = served.engine.stats()
+    reply.body = {"server_load": stats.running + stats.waiting}
+    return reply
+
+
 def version(served: Served, body: Any, reply: Reply) -> Reply:
     """``GET /version``: the server's version."""
     try:
@@ -210,6 +217,7 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/health": {"GET": health},
     "/ping": {"GET": health, "POST": health},
     "/version": {"GET": version},
+    "/load": {"GET": load},
 }
 
 _JSON_BODY = {"/v1/chat/completions", "/v1/completions", "/invocations", "/tokenize", "/detokenize"}
@@ -260,4 +268,4 @@ def handle(served: Served, method: str, path: str, raw: bytes, content_type: str
         return Reply(status=500, body=error_body(str(exc), type="InternalServerError", code=500))
 
 
-__all__ = ["ROUTES", "Reply", "ServeOptions", "Served", "handle", "replace"]
+__all__ = ["ROUTES", "Reply", "ServeOptions", "Served", "handle"]
