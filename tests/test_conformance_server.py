@@ -254,3 +254,11 @@ def test_load_reports_requests_in_flight(server):
         assert httpx.get(server.base_url + "/load").json() == {"server_load": 1}
     wait_idle(server)
     assert httpx.get(server.base_url + "/load").json() == {"server_load": 0}
+
+
+def test_tokenizer_info(server):
+    """/tokenizer_info names the tokenizer class, its EOS token, the window and the chat template."""
+    info = httpx.get(server.base_url + "/tokenizer_info").json()
+    assert info["tokenizer_class"] and info["eos_token"] == "<|endoftext|>"
+    assert info["model_max_length"] >= 1024 and "im_start" in info["chat_template"]
+    assert all(entry["special"] is True for entry in info["added_tokens_decoder"].values())

@@ -122,3 +122,11 @@ def test_completions_honour_structured_outputs(client):
     text = client.completions.create(model=MODEL, prompt="Pick one:", max_tokens=10,
                                      extra_body={"structured_outputs": {"choice": ["yes", "no"]}}).choices[0].text
     assert text in {"yes", "no"}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_call_cut_by_max_tokens_has_no_tool_calls(client, tool_choice):
+    """A forced tool call cut off by max_tokens finishes with length, no tool_calls and empty content."""
+    choice = create(client, max_completion_tokens=1, tools=TOOLS, tool_choice=tool_choice).choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None
+    assert not choice.message.content

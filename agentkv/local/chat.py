@@ -128,8 +128,8 @@ def chat_whole(served: Served, plan: ChatPlan, abort: threading.Event) -> dict[s
     text_of = token_text(served)
     choices = []
     for index, result in enumerate(results):
-        content, calls = tools.tool_calls_from_output(result.text, plan.tools, plan.tool_choice)
         finish = result.finish_reason
+        content, calls = tools.tool_calls_from_output(result.text, plan.tools, plan.tool_choice, finish)
         if calls and plan.tool_mode in ("parse", "required"):
             finish = "tool_calls"
         if plan.echo and not calls:
@@ -212,7 +212,8 @@ class _Choice:
             out = self.text[self.sent:safe]
             self.sent = max(self.sent, safe)
             return [({"content": out}, logprobs, None, None)] if out else []
-        content, calls = tools.tool_calls_from_output(self.text, self.plan.tools, self.plan.tool_choice)
+        content, calls = tools.tool_calls_from_output(self.text, self.plan.tools, self.plan.tool_choice,
+                                                      finish or "stop")
         if not calls:
             rest = self.text[self.sent:]
             return [({"content": rest}, logprobs, finish, stop)]

@@ -313,14 +313,16 @@ class TokenizeRequest(_Model):
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool | None = False
 
-    @model_validator(mode="after")
-    def _one_form(self) -> TokenizeRequest:
-        if self.messages is None and self.prompt is None:
+    @model_validator(mode="before")
+    @classmethod
+    def _one_form(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("messages") is None and data.get("prompt") is None:
             raise ParamError("Either `prompt` or `messages` must be given.", parameter="prompt")
-        if self.continue_final_message and self.add_generation_prompt and self.messages is not None \
-                and "add_generation_prompt" in (self.model_extra or {}):
+        if data.get("continue_final_message") and data.get("add_generation_prompt"):
             raise ParamError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        return self
+        return data
 
 
 class DetokenizeRequest(_Model):

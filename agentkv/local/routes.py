@@ -2,7 +2,7 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (JSON or SSE),
 ``POST /invocations``, ``POST /tokenize`` and ``/detokenize``, ``GET /metrics``, ``/health``, ``/ping``,
-``/version``, ``/load``. Errors use vLLM's JSON; unknown paths answer as FastAPI does.
+``/version``, ``/load``, ``/tokenizer_info``. Errors use vLLM's JSON; unknown paths answer as FastAPI does.
 
 A generating reply is deferred: :attr:`Reply.work` (a whole response) or :attr:`Reply.events` (SSE) run in a
 worker thread of the socket layer, which sets :attr:`Reply.abort` when the client goes away; the engine then
@@ -188,6 +188,29 @@ def health(served: Served, body: Any, reply: Reply) -> Reply:
     return reply
 
 
+def tokenizer_info(served: Served, body: Any, reply: Reply) -> Reply:
+    """``GET /tokenizer_info``: the tokenizer's class, special tokens, window and chat template."""
+    codec = served.engine.codec
+    tokenizer = getattr(codec, "tokenizer", None)
+    eos = sorted(codec.eos_token_ids)
+    info: dict[str, Any] = {
+        "tokenizer_class": type(tokenizer).__name__ if tokenizer is not None else "TiktokenTokenizer",
+        "eos_token": codec.token_strs(eos[:1])[0] if eos else None,
+        "model_max_length": served.max_model_len,
+        "chat_template": getattr(tokenizer, "chat_template", None) or getattr(codec, "template", None)
+        or _default_template(),
+        "added_tokens_decoder": {str(i): {"content": codec.token_strs([i])[0], "special": True} for i in eos},
+    }
+    reply.body = info
+    return reply
+
+
+def _default_template() -> str:
+    from agentkv.templates import CHATML_TOOLS_TEMPLATE
+
+    return CHATML_TOOLS_TEMPLATE
+
+
 def load(served: Served, body: Any, reply: Reply) -> Reply:
     """``GET /load``: requests in flight (running or waiting), as vLLM's server-load tracking reports."""
     stats = served.engine.stats()
@@ -218,6 +241,7 @@ ROUTES: dict[str, dict[str, Route]] = {
     "/ping": {"GET": health, "POST": health},
     "/version": {"GET": version},
     "/load": {"GET": load},
+    "/tokenizer_info": {"GET": tokenizer_info},
 }
 
 _JSON_BODY = {"/v1/chat/completions", "/v1/completions", "/invocations", "/tokenize", "/detokenize"}

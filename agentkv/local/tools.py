@@ -87,17 +87,24 @@ def parse_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return content or None, calls
 
 
-def tool_calls_from_output(text: str, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any
-                           ) -> tuple[str | None, list[dict[str, Any]]]:
-    """The message content and tool calls of a finished output under ``tool_choice``."""
+def tool_calls_from_output(text: str, tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,
+                           finish_reason: str = "stop") -> tuple[str | None, list[dict[str, Any]]]:
+    """The message content and tool calls of a finished output under ``tool_choice``.
+
+    A forced call cut off by ``max_tokens`` (finish_reason ``length``) gives no tool calls and empty content,
+    as vLLM (and OpenAI) answer.
+    """
     if not tools or tool_choice == "none":
         return text, []
+    forced = tool_choice == "required" or named_function(tool_choice) is not None
+    if forced and finish_reason == "length":
+        return "", []
     if tool_choice == "required":
         try:
             items = json.loads(text)
             return None, [call(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
         except (ValueError, KeyError, TypeError):
-            return text, []  # cut off by max_tokens: vLLM returns the raw text
+            return text, []
     name = named_function(tool_choice)
     if name is not None:
         return "", [call(name, text)]
