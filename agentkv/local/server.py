@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentkv.events import emit
-from agentkv.local import routes
+from agentkv.local import protocol, routes
 from agentkv.local.engine import LocalEngine
 from agentkv.local.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
+from agentkv.local.limits import error_body
 from agentkv.local.metrics import ServerMetrics
 
 _RUNNING: dict[str, LocalEngine] = {}
@@ -62,8 +63,11 @@ class LoggedRequest(NamedTuple):
     body: Any
 
 
-_POOL_THREADS = 64
-"""Worker threads per server: each in-flight request holds one while it waits for or takes its turns."""
+_POOL_THREADS = 256
+"""Generation threads per server: each in-flight request holds one while it waits for or takes its turns."""
+_PARSE_THREADS = 4
+"""Threads that validate and plan requests (tokenize, compile grammars), kept apart so that a full generation
+pool never delays the 400 for a bad request or the start of a new one."""
 
 
 def _app(served: LocalServer) -> Any:
@@ -79,8 +83,8 @@ def _app(served: LocalServer) -> Any:
         raw = await request.body()
         loop = asyncio.get_running_loop()
         content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
-        reply = await loop.run_in_executor(served.pool, routes.handle, served, request.method, request.url.path,
-                                           raw, content_type)
+        reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
+                                           request.url.path, raw, content_type)
         headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
         if reply.events is not None:
             return StreamingResponse(_relay(served, reply, request), status_code=reply.status,
@@ -96,12 +100,16 @@ async def _finish_unless_gone(served: LocalServer, reply: routes.Reply, request:
     """Run the reply's deferred work in a worker thread; if the client disconnects meanwhile, abort it."""
     loop = asyncio.get_running_loop()
     work = loop.run_in_executor(served.pool, reply.finish)
-    while not work.done():
-        await asyncio.wait({work}, timeout=0.05)
-        if not work.done() and await request.is_disconnected():
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=0.05)
+            if not work.done() and await request.is_disconnected():
+                reply.abort.set()
+                emit("local.request.disconnected", path=request.url.path)
+        await work
+    finally:
+        if not work.done():  # cancelled (the server is stopping): stop the generation too
             reply.abort.set()
-            emit("local.request.disconnected", path=request.url.path)
-    await work
 
 
 async def _relay(served: LocalServer, reply: routes.Reply, request: Any) -> Any:
@@ -120,9 +128,11 @@ async def _relay(served: LocalServer, reply: routes.Reply, request: Any) -> Any:
         try:
             for event in events:
                 loop.call_soon_threadsafe(queue.put_nowait, event)
-        except Exception as exc:  # headers are sent: report and drop the connection
+        except Exception as exc:  # headers are sent: an error event then [DONE], as vLLM's stream generators do
             emit("local.stream.failed", level="exception", error=type(exc).__name__)
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
+            error = error_body(str(exc), type="InternalServerError", code=500)
+            for event in (protocol.sse(error), protocol.sse("[DONE]")):
+                loop.call_soon_threadsafe(queue.put_nowait, event)
         finally:
             close = getattr(events, "close", None)
             if close is not None:
@@ -135,8 +145,6 @@ async def _relay(served: LocalServer, reply: routes.Reply, request: Any) -> Any:
             item = await queue.get()
             if item is done:
                 return
-            if isinstance(item, Exception):
-                raise item
             yield item
     finally:
         reply.abort.set()  # a no-op once the stream has ended; stops the request when the client left early
@@ -160,7 +168,8 @@ class LocalServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self._address = self._socket.getsockname()
-        self.pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"agentkv-req-{self._address[1]}")
+        self.pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"agentkv-gen-{self._address[1]}")
+        self.parse_pool = ThreadPoolExecutor(_PARSE_THREADS, thread_name_prefix=f"agentkv-req-{self._address[1]}")
         self.metrics = ServerMetrics(engine, lambda: self.model_id)
         self._grammars: GrammarCompiler | None = None
         self._compiled: dict[str, CompiledGrammar] = {}
@@ -331,6 +340,7 @@ class LocalServer:
         self._socket.close()
         self.metrics.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.parse_pool.shutdown(wait=False, cancel_futures=True)
         emit("local.server.stopped", model_id=self.model_id, port=self.port)
 
     def __enter__(self) -> LocalServer:
