@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from agentkv.local import protocol, tools
 from agentkv.local.codec import ChatRequest
 from agentkv.local.engine import Delta, Generation
-from agentkv.local.grammar import GrammarError, GrammarSpec
+from agentkv.local.grammar import GrammarError, GrammarSpec, bounded
 from agentkv.local.limits import check_length, resolve_max_tokens
 from agentkv.local.requests import ChatCompletionRequest, RequestError, grammar_spec, sampling_params
 from agentkv.local.sampling import SamplingParams
@@ -59,11 +59,11 @@ class ChatPlan:
 
 
 def compile_constraint(served: Served, spec: GrammarSpec | None) -> Any:
-    """The compiled grammar for ``spec`` (None for none); a bad schema/regex is a 400."""
+    """The compiled grammar for ``spec`` (None for none), bounded unless the server says not; a bad one is a 400."""
     if spec is None:
         return None
     try:
-        return served.compile_grammar(spec)
+        return served.compile_grammar(bounded(spec) if served.options.bound_json else spec)
     except GrammarError as exc:
         raise RequestError(str(exc), param="structured_outputs") from None
 

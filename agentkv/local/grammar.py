@@ -57,32 +57,89 @@ def _vocab(codec: Codec, vocab_size: int) -> list[bytes]:
     return vocab
 
 
+MAX_STRING = 48
+MAX_ITEMS = 8
+MAX_PROPERTIES = 8
+BOUND = 10**9
+_LITERAL_KEYS = frozenset({"enum", "const", "default", "examples", "required", "pattern", "format", "title",
+                           "description", "$ref"})
+_FREE_OBJECT: dict[str, Any] = {
+    "type": "object", "maxProperties": MAX_PROPERTIES, "propertyNames": {"maxLength": 32},
+    "additionalProperties": {"type": ["string", "integer", "boolean", "null"]},
+}
+
+
+def bound_schema(schema: Any) -> Any:
+    """``schema`` with size bounds added wherever it leaves a value unbounded (its own bounds are kept).
+
+    Free strings get ``maxLength`` 48, arrays ``maxItems`` 8, integers and numbers ``[-1e9, 1e9]``. Every
+    document valid under the result is valid under ``schema``. Without them a random-weight model never closes a
+    string or an array (no token that ends one is ever its likeliest), so its JSON would never be complete.
+    """
+    if isinstance(schema, list):
+        return [bound_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value if key in _LITERAL_KEYS else bound_schema(value) for key, value in schema.items()}
+    if "enum" in out or "const" in out:
+        return out
+    kinds = out.get("type")
+    kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+    if "string" in kinds and "pattern" not in out and "format" not in out:
+        out.setdefault("maxLength", max(MAX_STRING, int(out.get("minLength", 0))))
+    if "array" in kinds:
+        out.setdefault("maxItems", max(MAX_ITEMS, int(out.get("minItems", 0))))
+    if kinds & {"integer", "number"}:
+        out.setdefault("minimum", min(-BOUND, out.get("maximum", 0)))
+        out.setdefault("maximum", max(BOUND, out["minimum"]))
+    if "object" in kinds and out.get("additionalProperties") not in (None, False) \
+            and not out.get("properties"):
+        out.setdefault("maxProperties", MAX_PROPERTIES)
+    return out
+
+
+def bounded(spec: GrammarSpec) -> GrammarSpec:
+    """``spec`` with :func:`bound_schema` applied (JSON kinds only; ``json_object`` becomes a bounded object)."""
+    if spec.kind == "json_object":
+        return GrammarSpec("json", bound_schema(_FREE_OBJECT))
+    if spec.kind == "json":
+        value = json.loads(spec.value) if isinstance(spec.value, str) else spec.value
+        return GrammarSpec("json", bound_schema(value))
+    return spec
+
+
 def choice_regex(choices: Sequence[str]) -> str:
     """A regex matching exactly one of ``choices`` (as vLLM compiles ``structured_outputs.choice``)."""
     return "(" + "|".join(re.escape(str(c)) for c in choices) + ")"
 
 
 class CompiledGrammar:
-    """A compiled grammar; :meth:`matcher` gives each sequence its own state."""
+    """A compiled grammar; :meth:`matcher` gives each sequence its own state.
 
-    def __init__(self, compiled: Any, vocab_size: int) -> None:
+    ``barred``: token ids never allowed under this grammar (for JSON: tokens holding a raw control character,
+    which xgrammar's string rule lets through but JSON forbids; compact JSON never needs one).
+    """
+
+    def __init__(self, compiled: Any, vocab_size: int, barred: Any = None) -> None:
         self._compiled = compiled
         self.vocab_size = vocab_size
+        self.barred = barred
 
     def matcher(self) -> GrammarMatcher:
         import xgrammar as xgr
 
-        return GrammarMatcher(xgr.GrammarMatcher(self._compiled), self.vocab_size)
+        return GrammarMatcher(xgr.GrammarMatcher(self._compiled), self.vocab_size, self.barred)
 
 
 class GrammarMatcher:
     """One sequence's position in a grammar."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, barred: Any = None) -> None:
         import xgrammar as xgr
 
         self._matcher = matcher
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._barred = barred
 
     @property
     def terminated(self) -> bool:
@@ -95,6 +152,8 @@ class GrammarMatcher:
 
         self._matcher.fill_next_token_bitmask(self._bitmask)
         xgr.apply_token_bitmask_inplace(logits, self._bitmask[0, :].to(logits.device))
+        if self._barred is not None:
+            logits[self._barred] = float("-inf")
 
     def accept(self, token_id: int) -> bool:
         """Advance past ``token_id``; False when the grammar does not allow it."""
@@ -107,17 +166,23 @@ class GrammarCompiler:
     def __init__(self, codec: Codec, vocab_size: int, eos_ids: Sequence[int]) -> None:
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo(_vocab(codec, vocab_size), vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size,
+        import torch
+
+        vocab = _vocab(codec, vocab_size)
+        info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size,
                                  stop_token_ids=sorted(eos_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self.vocab_size = vocab_size
+        self._controls = torch.tensor([i for i, raw in enumerate(vocab) if any(b < 0x20 for b in raw)],
+                                      dtype=torch.long)
         self._lock = threading.Lock()
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compile ``spec``; raises :class:`GrammarError` with xgrammar's reason when it cannot."""
         try:
             with self._lock:
-                return CompiledGrammar(self._compile(spec), self.vocab_size)
+                barred = self._controls if spec.kind in ("json", "json_object") else None
+                return CompiledGrammar(self._compile(spec), self.vocab_size, barred)
         except GrammarError:
             raise
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses for bad input

@@ -42,6 +42,8 @@ class ServeOptions:
 
     enable_prompt_tokens_details: bool = False
     max_logprobs: int = 20
+    bound_json: bool = True
+    """Add size bounds to JSON grammars where the schema leaves strings, arrays or numbers unbounded."""
 
 
 class Served(Protocol):

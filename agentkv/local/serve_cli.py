@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads for prefill (default: torch's; 1 avoids oversubscription)")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="fill usage.prompt_tokens_details.cached_tokens (off by default, as in vLLM)")
+    parser.add_argument("--unbounded-json", action="store_true",
+                        help="compile JSON schemas as given (default: add size bounds where a schema has none, so "
+                             "a random-weight model's JSON closes)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most logprobs a request may ask for; -1 counts as the vocabulary (vLLM's default 20)")
 
@@ -38,7 +41,7 @@ def _server(args: argparse.Namespace) -> Any:
 
     engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads,
                      "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
-                     "max_logprobs": args.max_logprobs}
+                     "max_logprobs": args.max_logprobs, "bound_json": not args.unbounded_json}
     if args.model_path:
         return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
                                            port=args.port, **engine_kwargs)

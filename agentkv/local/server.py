@@ -155,13 +155,13 @@ class LocalServer:
 
     def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *,
                  root: str | None = None, enable_prompt_tokens_details: bool = True,
-                 max_logprobs: int = 20) -> None:
+                 max_logprobs: int = 20, bound_json: bool = True) -> None:
         """``enable_prompt_tokens_details`` is on for in-process servers (agentkv's demo, examples and tests read
         ``cached_tokens``); ``agentkv serve`` leaves it off unless ``--enable-prompt-tokens-details``, as vLLM."""
         self.engine = engine
         self.created = int(time.time())
         self.root = root or engine.model_id
-        self.options = routes.ServeOptions(enable_prompt_tokens_details, max_logprobs)
+        self.options = routes.ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
         self._requests: list[LoggedRequest] = []
         self._requests_lock = threading.Lock()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -180,20 +180,20 @@ class LocalServer:
     @classmethod
     def from_size(cls, size: str = "small", *, window: int | None = None, model_id: str | None = None,
                   port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
-                  **engine_kwargs: Any) -> LocalServer:
+                  bound_json: bool = True, **engine_kwargs: Any) -> LocalServer:
         """A server over ``LocalEngine.from_size(size)``, served as ``agentkv-{size}`` unless named."""
         engine = LocalEngine.from_size(size, model_id=model_id, max_model_len=window, **engine_kwargs)
         return cls(engine, port=port, enable_prompt_tokens_details=enable_prompt_tokens_details,
-                   max_logprobs=max_logprobs)
+                   max_logprobs=max_logprobs, bound_json=bound_json)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, window: int | None = None, model_id: str | None = None,
                         port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
-                        **engine_kwargs: Any) -> LocalServer:
+                        bound_json: bool = True, **engine_kwargs: Any) -> LocalServer:
         """A server over a checkpoint folder; the model id defaults to the folder's name."""
         engine = LocalEngine.from_pretrained(path, model_id=model_id, max_model_len=window, **engine_kwargs)
         return cls(engine, port=port, root=str(path), enable_prompt_tokens_details=enable_prompt_tokens_details,
-                   max_logprobs=max_logprobs)
+                   max_logprobs=max_logprobs, bound_json=bound_json)
 
     # --- where it listens ------------------------------------------------------------------------
 
