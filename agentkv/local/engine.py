@@ -304,9 +304,8 @@ class LocalEngine:
 
     def _turn(self, abort: threading.Event) -> None:
         """Wait for this request's turn on the model, giving up if it is aborted meanwhile."""
-        while not self._lock.acquire(timeout=0.05):
-            if abort.is_set():
-                raise Aborted()
+        if not self._lock.acquire(cancel=abort):
+            raise Aborted()
 
     def _run(self, prompt: list[int], params: SamplingParams, salt: str | None, abort: threading.Event
              ) -> Iterator[Delta | Generation]:

@@ -9,12 +9,13 @@ Usage::
     lock = FairLock()
     with lock:
         ...                                  # one prefill or one decode step
-    lock.acquire(timeout=0.05)               # False on timeout (lets a waiter check for an abort)
+    lock.acquire(cancel=abort_event)         # False if the event is set before the turn comes
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,32 +26,56 @@ class Aborted(Exception):
 
 
 class FairLock:
-    """A mutex granted in the order it was asked for."""
+    """A mutex granted in the order it was asked for, handed directly from each holder to the next waiter.
+
+    Each waiter sleeps on its own event (no thundering herd when hundreds wait) and keeps its place in the queue
+    while it polls for cancellation.
+    """
+
+    POLL_S = 0.05
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[object] = deque()
+        self._mutex = threading.Lock()
         self._held = False
+        self._waiters: deque[threading.Event] = deque()
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Wait for this caller's turn; False if ``timeout`` (seconds) passed first."""
-        ticket = object()
-        with self._cond:
-            self._queue.append(ticket)
-            granted = self._cond.wait_for(lambda: not self._held and self._queue[0] is ticket,
-                                          None if blocking and timeout is None else (timeout or 0.0))
-            if not granted:
-                self._queue.remove(ticket)
-                self._cond.notify_all()
+    def acquire(self, blocking: bool = True, timeout: float | None = None,
+                cancel: threading.Event | None = None) -> bool:
+        """Wait for this caller's turn; False if ``timeout`` (seconds) passed or ``cancel`` was set first."""
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            if not blocking:
                 return False
-            self._queue.popleft()
-            self._held = True
-            return True
+            turn = threading.Event()
+            self._waiters.append(turn)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = self.POLL_S if deadline is None else min(self.POLL_S, max(0.0, deadline - time.monotonic()))
+            if turn.wait(wait):
+                return True
+            expired = deadline is not None and time.monotonic() >= deadline
+            if expired or (cancel is not None and cancel.is_set()):
+                with self._mutex:
+                    if turn.is_set():  # handed over just now: it is ours
+                        return True
+                    self._waiters.remove(turn)
+                return False
 
     def release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
+        """Hand the lock to the longest waiter, or free it."""
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().set()
+            else:
+                self._held = False
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued for the lock."""
+        with self._mutex:
+            return len(self._waiters)
 
     def __enter__(self) -> FairLock:
         self.acquire()
