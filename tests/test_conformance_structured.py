@@ -160,3 +160,15 @@ def test_forced_call_cut_by_max_tokens_has_no_tool_calls(client, tool_choice):
     choice = create(client, max_completion_tokens=1, tools=TOOLS, tool_choice=tool_choice).choices[0]
     assert choice.finish_reason == "length" and choice.message.tool_calls is None
     assert not choice.message.content
+
+
+def test_required_with_refs_to_defs(client):
+    """Tools whose parameters use $ref into their own $defs still compile under "required" (defs hoisted)."""
+    options = {"type": "object", "properties": {"metric": {"type": "boolean"}}, "required": ["metric"],
+               "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"options": {"$ref": "#/$defs/Options"}}, "required": ["options"],
+        "additionalProperties": False, "$defs": {"Options": options}}}}
+    choice = create(client, tools=[tool], tool_choice="required", parallel_tool_calls=False).choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "weather" and isinstance(json.loads(call.function.arguments)["options"], dict)

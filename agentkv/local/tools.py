@@ -37,11 +37,21 @@ def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def required_schema(tools: Sequence[Mapping[str, Any]], parallel: bool = True) -> dict[str, Any]:
-    """vLLM's schema for ``tool_choice="required"``: a non-empty array of calls to the given tools."""
-    branches = [{"properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
-                                "parameters": _parameters(t)},
-                 "required": ["name", "parameters"]} for t in tools]
+    """vLLM's schema for ``tool_choice="required"``: a non-empty array of calls to the given tools.
+
+    Each tool's ``$defs`` move to the root, as vLLM does, so ``#/$defs/...`` references still resolve.
+    """
+    defs: dict[str, Any] = {}
+    branches = []
+    for tool in tools:
+        parameters = _parameters(tool)
+        defs.update(parameters.pop("$defs", None) or {})
+        branches.append({"properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
+                                        "parameters": parameters},
+                         "required": ["name", "parameters"]})
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": branches}}
+    if defs:
+        schema["$defs"] = defs
     if not parallel:
         schema["maxItems"] = 1
     return schema
