@@ -47,9 +47,7 @@ class ServerMetrics:
     """One server's registry: engine counters and gauges, and vLLM's request histograms."""
 
     def __init__(self, engine: LocalEngine, model_name: Callable[[], str]) -> None:
-        from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
-
-        disable_created_metrics()  # vLLM's exposition has no *_created series
+        from prometheus_client import CollectorRegistry, Histogram
 
         self.engine, self.model_name = engine, model_name
         self.registry = CollectorRegistry(auto_describe=True)
