@@ -18,7 +18,8 @@ from agentkv.local.codec import ChatRequest
 from agentkv.local.engine import Delta, Generation
 from agentkv.local.grammar import GrammarError, GrammarSpec, bounded
 from agentkv.local.limits import check_length, resolve_max_tokens
-from agentkv.local.requests import ChatCompletionRequest, RequestError, grammar_spec, sampling_params
+from agentkv.local.requests import ChatCompletionRequest, RequestError
+from agentkv.local.validation import grammar_spec, sampling_params
 from agentkv.local.sampling import SamplingParams
 
 if TYPE_CHECKING:

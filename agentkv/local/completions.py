@@ -15,7 +15,8 @@ from agentkv.local import protocol
 from agentkv.local.chat import compile_constraint, token_text
 from agentkv.local.engine import Delta, Generation
 from agentkv.local.limits import check_length, resolve_max_tokens
-from agentkv.local.requests import CompletionRequest, RequestError, check_token_ids, grammar_spec, sampling_params
+from agentkv.local.requests import CompletionRequest, RequestError
+from agentkv.local.validation import check_token_ids, grammar_spec, sampling_params
 from agentkv.local.sampling import SamplingParams
 
 if TYPE_CHECKING:

@@ -4,27 +4,22 @@ The models follow vLLM's ``ChatCompletionRequest``/``CompletionRequest`` (``vllm
 fields are accepted and ignored, ``seed`` must fit int64, ``tool_choice`` must agree with ``tools``, one
 structured-output constraint at most, ``stream_options`` only with ``stream``. :func:`parse` turns any failure
 into a :class:`RequestError` (400 with vLLM's error JSON), never an exception a server would answer with 500.
-:func:`sampling_params` applies the checks that need the served model (vocabulary, ``max_logprobs``).
+The checks that need the served model (vocabulary, ``max_logprobs``) are in :mod:`agentkv.local.validation`.
 
 Usage::
 
     request = parse(ChatCompletionRequest, body)
-    params = sampling_params(request, max_tokens=16, vocab_size=100352, max_logprobs=20)
 """
 
 from __future__ import annotations
 
-import random
-from typing import Any, Literal, Mapping, Sequence, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentkv.local.grammar import GrammarSpec
 from agentkv.local.limits import error_body
-from agentkv.local.sampling import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_LOGIT_BIAS = 100.0
 
 
 class RequestError(Exception):
@@ -121,7 +116,7 @@ class StreamOptions(_Model):
     continuous_usage_stats: bool | None = False
 
 
-class _Sampling(_Model):
+class SamplingFields(_Model):
     """Fields the chat and completion requests share (vLLM's sampling parameters)."""
 
     model: str | None = None
@@ -195,7 +190,7 @@ class _Sampling(_Model):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: list[Message]
@@ -267,7 +262,7 @@ def _check_tool_usage(data: dict[str, Any]) -> None:
                              parameter="tool_choice")
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingFields):
     """``POST /v1/completions``."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -353,109 +348,3 @@ def _from_validation(exc: ValidationError) -> RequestError:
             return RequestError(str(cause), param=cause.parameter)
     summary = [{k: v for k, v in e.items() if k in ("type", "loc", "msg", "input")} for e in errors]
     return RequestError(f"{exc} {summary}")
-
-
-def check_token_ids(ids: Sequence[int], vocab_size: int, field: str) -> None:
-    """vLLM's out-of-vocabulary check for ``logit_bias`` and ``stop_token_ids``."""
-    invalid = [i for i in ids if i < 0 or i >= vocab_size]
-    if invalid:
-        raise RequestError(f"token_id(s) {invalid} in {field} contain out-of-vocab token ids. Vocabulary size: "
-                           f"{vocab_size} (parameter={field}, value={invalid})", param=field)
-
-
-def logit_bias(raw: Mapping[str, float] | None, vocab_size: int) -> dict[int, float]:
-    """``logit_bias`` with integer keys, checked against the vocabulary, values clamped to [-100, 100]."""
-    if not raw:
-        return {}
-    bad = [key for key in raw if not _is_int(key)]
-    if bad:
-        raise RequestError(f"Invalid key(s) in logit_bias: {bad}. Keys must be token ids given as integers.",
-                           param="logit_bias")
-    bias = {int(key): max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(value))) for key, value in raw.items()}
-    check_token_ids(list(bias), vocab_size, "logit_bias")
-    return bias
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _verify(request: _Sampling, max_tokens: int) -> None:
-    """vLLM's ``SamplingParams._verify_args`` for the fields agentkv serves."""
-    checks: list[tuple[bool, str, str, Any]] = [
-        (request.n is not None and request.n < 1, "n", "n must be at least 1, got {}.", request.n),
-        (request.temperature is not None and request.temperature < 0, "temperature",
-         "temperature must be non-negative, got {}.", request.temperature),
-        (request.top_p is not None and not 0 < request.top_p <= 1, "top_p", "top_p must be in (0, 1], got {}.",
-         request.top_p),
-        (request.top_k is not None and request.top_k < -1, "top_k",
-         "top_k must be 0 (disable), or at least 1, got {}.", request.top_k),
-        (request.min_p is not None and not 0 <= request.min_p <= 1, "min_p", "min_p must be in [0, 1], got {}.",
-         request.min_p),
-        (request.presence_penalty is not None and not -2 <= request.presence_penalty <= 2, "presence_penalty",
-         "presence_penalty must be in [-2, 2], got {}.", request.presence_penalty),
-        (request.frequency_penalty is not None and not -2 <= request.frequency_penalty <= 2, "frequency_penalty",
-         "frequency_penalty must be in [-2, 2], got {}.", request.frequency_penalty),
-        (request.repetition_penalty is not None and request.repetition_penalty <= 0, "repetition_penalty",
-         "repetition_penalty must be greater than zero, got {}.", request.repetition_penalty),
-        (max_tokens < 1, "max_tokens", "max_tokens must be at least 1, got {}.", max_tokens),
-        (request.min_tokens < 0, "min_tokens", "min_tokens must be greater than or equal to 0, got {}.",
-         request.min_tokens),
-        (request.min_tokens > max_tokens, "min_tokens",
-         f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {{}}.", request.min_tokens),
-        (any(s == "" for s in request.stops()), "stop", "stop cannot contain an empty string.{}", ""),
-    ]
-    for failed, param, message, value in checks:
-        if failed:
-            raise RequestError(f"{message.format(value)} (parameter={param}, value={value})", param=param)
-
-
-def _check_logprobs(kind: str, count: int | None, vocab_size: int, max_logprobs: int) -> None:
-    if count is None:
-        return
-    wanted = vocab_size if count == -1 else count
-    if wanted > max_logprobs:
-        param = "logprobs" if kind == "sample" else "prompt_logprobs"
-        raise RequestError(f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: "
-                           f"{max_logprobs} (parameter={param}, value={wanted})", param=param)
-
-
-def grammar_spec(request: _Sampling) -> GrammarSpec | None:
-    """The structured-output constraint a request asks for (``structured_outputs`` or ``response_format``)."""
-    so = request.structured_outputs
-    if so is not None:
-        for kind, value in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
-                            ("grammar", so.grammar)):
-            if value is not None:
-                return GrammarSpec(kind, value)
-        if so.json_object:
-            return GrammarSpec("json_object")
-    rf = request.response_format
-    if rf is not None and rf.type == "json_object":
-        return GrammarSpec("json_object")
-    if rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
-        return GrammarSpec("json", rf.json_schema.json_schema)
-    return None
-
-
-def sampling_params(request: _Sampling, *, max_tokens: int, vocab_size: int, max_logprobs: int,
-                    logprobs: int | None, prompt_logprobs: int | None, grammar: Any = None,
-                    default_temperature: float = 0.0) -> SamplingParams:
-    """The engine's :class:`SamplingParams` for one sequence of ``request`` (seed as given, or random)."""
-    _verify(request, max_tokens)
-    _check_logprobs("sample", logprobs, vocab_size, max_logprobs)
-    _check_logprobs("prompt", prompt_logprobs, vocab_size, max_logprobs)
-    check_token_ids(request.stop_token_ids or [], vocab_size, "stop_token_ids")
-    temperature = request.temperature if request.temperature is not None else default_temperature
-    return SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=request.top_p if request.top_p is not None else 1.0,
-        top_k=max(0, request.top_k or 0), seed=request.seed if request.seed is not None else random.getrandbits(62),
-        min_tokens=request.min_tokens, stop=request.stops(), stop_token_ids=tuple(request.stop_token_ids or ()),
-        include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
-        logit_bias=logit_bias(request.logit_bias, vocab_size), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-        grammar=grammar,
-    )

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Protocol
 from agentkv.events import emit
 from agentkv.local import protocol
 from agentkv.local.chat import ChatPlan, chat_events, chat_whole, plan_chat
+from agentkv.local.codec import ChatRequest
 from agentkv.local.completions import completion_events, completion_whole, plan_completion
 from agentkv.local.engine import LocalEngine
 from agentkv.local.grammar import GrammarSpec
@@ -30,10 +31,9 @@ from agentkv.local.requests import (
     DetokenizeRequest,
     RequestError,
     TokenizeRequest,
-    check_token_ids,
     parse,
 )
-from agentkv.local.codec import ChatRequest
+from agentkv.local.validation import check_token_ids
 
 
 @dataclass(frozen=True)
