@@ -188,3 +188,19 @@ def test_complex_content_equals_plain_text(client):
     plain = greedy(client, 4, messages=[{"role": "my-role", "content": "what is 1+1?"}])
     parts = greedy(client, 4, messages=[{"role": "my-role", "content": [{"type": "text", "text": "what is 1+1?"}]}])
     assert plain.choices[0].message.content == parts.choices[0].message.content
+
+
+def test_allowed_token_ids_restrict_the_output(client, server):
+    """allowed_token_ids limits every generated token to the given ids."""
+    allowed = [15339, 1917]  # "hello", " world"
+    choice = create(client, max_tokens=6, temperature=1.0, seed=1,
+                    extra_body={"allowed_token_ids": allowed, "ignore_eos": True}).choices[0]
+    ids = server.engine.tokenize_prompt(choice.message.content)
+    assert ids and set(ids) <= set(allowed)
+
+
+def test_continuous_usage_needs_include_usage(client):
+    """continuous_usage_stats without include_usage adds no usage to any chunk, as in vLLM."""
+    chunks = list(greedy(client, 4, stream=True,
+                         stream_options={"include_usage": False, "continuous_usage_stats": True}))
+    assert all(c.usage is None for c in chunks)

@@ -66,6 +66,8 @@ BAD_CHAT = {
     "continue and add_generation_prompt": ({"continue_final_message": True, "add_generation_prompt": True},
                                            "Cannot set both"),
     "empty cache_salt": ({"cache_salt": ""}, "cache_salt"),
+    "empty allowed_token_ids": ({"allowed_token_ids": []}, "allowed_token_ids"),
+    "allowed_token_ids out of vocabulary": ({"allowed_token_ids": [10**7]}, "out-of-vocab"),
     "message without role": ({"messages": [{"content": "hi"}]}, "role"),
     "content not text": ({"messages": [{"role": "user", "content": 5}]}, "content"),
     "text part without text": ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "text"),

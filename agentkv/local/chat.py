@@ -113,7 +113,8 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> ChatPlan:
     options = request.stream_options
     return ChatPlan(protocol.Ids(served.model_id), tokens, params, max_tokens, request.cache_salt, tool_list,
                     tool_choice, _echo_text(request), bool(request.logprobs),
-                    bool(options and options.include_usage), bool(options and options.continuous_usage_stats),
+                    bool(options and options.include_usage),
+                    bool(options and options.include_usage and options.continuous_usage_stats),
                     served.options.enable_prompt_tokens_details)
 
 

@@ -72,7 +72,8 @@ def plan_completion(served: Served, request: CompletionRequest) -> CompletionPla
     options = request.stream_options
     return CompletionPlan(protocol.Ids(served.model_id, prefix="cmpl"), prompts, params, max_tokens,
                           request.cache_salt, request.echo, request.logprobs,
-                          bool(options and options.include_usage), bool(options and options.continuous_usage_stats),
+                          bool(options and options.include_usage),
+                    bool(options and options.include_usage and options.continuous_usage_stats),
                           served.options.enable_prompt_tokens_details)
 
 

@@ -73,9 +73,16 @@ class Sampler:
         return token, self._logprob(raw, token, self.params.logprobs)
 
     def _processed(self, raw: torch.Tensor) -> torch.Tensor:
+        import torch
+
         scores = raw.clone()
         if self.bias is not None:
             scores += self.bias
+        if self.params.allowed_token_ids:
+            allowed = torch.tensor(self.params.allowed_token_ids, dtype=torch.long)
+            kept = scores[allowed].clone()
+            scores.fill_(float("-inf"))
+            scores[allowed] = kept
         for token_id, value in self.params.logit_bias.items():
             if 0 <= token_id < scores.shape[0]:
                 scores[token_id] += float(value)

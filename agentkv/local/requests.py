@@ -135,6 +135,7 @@ class SamplingFields(_Model):
     min_p: float | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = Field(default_factory=list)
+    allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0

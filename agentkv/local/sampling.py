@@ -40,6 +40,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     grammar: Any = None
+    allowed_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

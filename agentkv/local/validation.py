@@ -119,6 +119,12 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, vocab_size: int
     _check_logprobs("sample", logprobs, vocab_size, max_logprobs)
     _check_logprobs("prompt", prompt_logprobs, vocab_size, max_logprobs)
     check_token_ids(request.stop_token_ids or [], vocab_size, "stop_token_ids")
+    allowed = request.allowed_token_ids
+    if allowed is not None:
+        if not allowed:
+            raise RequestError("allowed_token_ids is not None and empty!", param="allowed_token_ids")
+        if any(i < 0 or i >= vocab_size for i in allowed):
+            raise RequestError("allowed_token_ids contains out-of-vocab token id!", param="allowed_token_ids")
     temperature = request.temperature if request.temperature is not None else default_temperature
     return SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=request.top_p if request.top_p is not None else 1.0,
@@ -126,5 +132,5 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, vocab_size: int
         min_tokens=request.min_tokens, stop=request.stops(), stop_token_ids=tuple(request.stop_token_ids or ()),
         include_stop_str_in_output=request.include_stop_str_in_output, ignore_eos=request.ignore_eos,
         logit_bias=logit_bias(request.logit_bias, vocab_size), logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-        grammar=grammar,
+        grammar=grammar, allowed_token_ids=tuple(allowed) if allowed else None,
     )
