@@ -262,3 +262,40 @@ def test_tokenizer_info(server):
     assert info["tokenizer_class"] and info["eos_token"] == "<|endoftext|>"
     assert info["model_max_length"] >= 1024 and "im_start" in info["chat_template"]
     assert all(entry["special"] is True for entry in info["added_tokens_decoder"].values())
+
+
+def test_return_token_ids(client, server):
+    """return_token_ids adds prompt_token_ids and token_ids that decode to the prompt and the text."""
+    extra = {"return_token_ids": True}
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0,
+                                           extra_body=extra).choices[0]
+    assert completion.model_extra["prompt_token_ids"] == server.engine.tokenize_prompt(PROMPT)
+    assert server.engine.decode(completion.model_extra["token_ids"]).startswith(completion.text)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          temperature=0, extra_body=extra)
+    assert "hi" in server.engine.decode(chat.model_extra["prompt_token_ids"])
+    assert len(chat.choices[0].model_extra["token_ids"]) == 4
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).choices[0]
+    assert plain.model_extra.get("token_ids") is None
+
+
+def test_streamed_token_ids_match_logprob_tokens(client):
+    """Streaming with return_token_ids and return_tokens_as_token_ids: ids per chunk equal the logprob tokens."""
+    streamed, from_logprobs, prompt_ids = [], [], None
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                           logprobs=1, extra_body={"return_token_ids": True,
+                                                                   "return_tokens_as_token_ids": True}):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        prompt_ids = prompt_ids or choice.model_extra.get("prompt_token_ids")
+        streamed += choice.model_extra["token_ids"]
+        from_logprobs += [int(t.removeprefix("token_id:")) for t in choice.logprobs.tokens]
+    assert prompt_ids and len(streamed) == 8 and streamed == from_logprobs
+    chat_ids = []
+    for index, chunk in enumerate(client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0, stream=True,
+            extra_body={"return_token_ids": True})):
+        assert ("prompt_token_ids" in chunk.model_extra) == (index == 0)
+        chat_ids += chunk.choices[0].model_extra.get("token_ids") or []
+    assert len(chat_ids) == 5

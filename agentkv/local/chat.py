@@ -44,6 +44,8 @@ class ChatPlan:
     include_usage: bool
     continuous_usage: bool
     details: bool
+    token_ids: bool = False
+    tokens_as_ids: bool = False
 
     @property
     def n(self) -> int:
@@ -115,7 +117,8 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> ChatPlan:
                     tool_choice, _echo_text(request), bool(request.logprobs),
                     bool(options and options.include_usage),
                     bool(options and options.include_usage and options.continuous_usage_stats),
-                    served.options.enable_prompt_tokens_details)
+                    served.options.enable_prompt_tokens_details, bool(request.return_token_ids),
+                    bool(request.return_tokens_as_token_ids))
 
 
 def _usage(plan: ChatPlan, completion_tokens: int, cached: int) -> dict[str, Any]:
@@ -127,7 +130,7 @@ def chat_whole(served: Served, plan: ChatPlan, abort: threading.Event) -> dict[s
     engine = served.engine
     results = [engine.generate(plan.tokens, params=p, cache_salt=plan.cache_salt, abort=abort)
                for p in plan.params]
-    text_of = token_text(served)
+    text_of = token_text(served, plan.tokens_as_ids)
     choices = []
     for index, result in enumerate(results):
         finish = result.finish_reason
@@ -137,18 +140,25 @@ def chat_whole(served: Served, plan: ChatPlan, abort: threading.Event) -> dict[s
         if plan.echo and not calls:
             content = plan.echo + (content or "")
         logprobs = protocol.chat_logprobs(result.logprobs, text_of) if plan.logprobs else None
-        choices.append(protocol.chat_choice(index, protocol.message(content, calls), finish, result.stop_reason,
-                                            logprobs))
+        choice = protocol.chat_choice(index, protocol.message(content, calls), finish, result.stop_reason, logprobs)
+        if plan.token_ids:
+            choice["token_ids"] = list(result.token_ids)
+        choices.append(choice)
     usage = _usage(plan, sum(r.completion_tokens for r in results), results[0].cached_tokens)
     prompt_lps = protocol.prompt_logprobs(results[0].prompt_logprobs, text_of)
-    return protocol.chat_completion(plan.ids, choices, usage, prompt_lps)
+    response = protocol.chat_completion(plan.ids, choices, usage, prompt_lps)
+    if plan.token_ids:
+        response["prompt_token_ids"] = list(plan.tokens)
+    return response
 
 
-def token_text(served: Served) -> protocol.TokenText:
-    """A token's own text for logprob entries ("" for ids the tokenizer cannot decode)."""
+def token_text(served: Served, as_ids: bool = False) -> protocol.TokenText:
+    """A token's own text for logprob entries ("" for ids the tokenizer cannot decode), or ``token_id:N``."""
     codec = served.engine.codec
 
     def text(token_id: int) -> str:
+        if as_ids:
+            return f"token_id:{token_id}"
         try:
             return codec.token_strs([token_id])[0]
         except (KeyError, ValueError, IndexError):
@@ -168,8 +178,8 @@ class _Choice:
         self.sent = 0
         self.named_started = False
 
-    def feed(self, item: Delta | Generation) -> list[tuple[dict[str, Any], dict[str, Any] | None, Any, Any]]:
-        """(delta, logprobs, finish_reason, stop_reason) for each chunk this item releases."""
+    def feed(self, item: Delta | Generation) -> list[tuple[dict[str, Any], dict[str, Any] | None, Any, Any, list[int]]]:
+        """(delta, logprobs, finish_reason, stop_reason, token_ids) for each chunk this item releases."""
         if isinstance(item, Delta):
             out = self._release(self.pending, final=False) if self.pending is not None else []
             self.pending = item
@@ -177,6 +187,12 @@ class _Choice:
         return self._release(self.pending, final=True, result=item)
 
     def _release(self, delta: Delta | None, *, final: bool, result: Generation | None = None) -> list[Any]:
+        chunks = self._chunks(delta, final=final, result=result)
+        if chunks and delta is not None and delta.token_id is not None:
+            chunks[-1] = (*chunks[-1][:4], [delta.token_id])
+        return [c if len(c) == 5 else (*c, []) for c in chunks]
+
+    def _chunks(self, delta: Delta | None, *, final: bool, result: Generation | None = None) -> list[Any]:
         text = delta.text if delta is not None else ""
         if delta is not None and delta.token_id is not None:
             self.tokens += 1
@@ -249,7 +265,7 @@ def chat_events(served: Served, plan: ChatPlan, abort: threading.Event) -> Itera
     streams = [engine.stream(plan.tokens, params=p, cache_salt=plan.cache_salt, abort=abort) for p in plan.params]
     try:
         firsts = [next(s) for s in streams]
-        ids, text_of = plan.ids, token_text(served)
+        ids, text_of = plan.ids, token_text(served, plan.tokens_as_ids)
         choices = [_Choice(i, plan, text_of) for i in range(plan.n)]
         cached = 0
 
@@ -258,8 +274,10 @@ def chat_events(served: Served, plan: ChatPlan, abort: threading.Event) -> Itera
             return _usage(plan, tokens, cached) if plan.continuous_usage else None
 
         for i in range(plan.n):
-            yield protocol.sse(protocol.chat_chunk(ids, i, {"role": "assistant", "content": ""},
-                                                   usage_=usage_now(0)))
+            first = protocol.chat_chunk(ids, i, {"role": "assistant", "content": ""}, usage_=usage_now(0))
+            if plan.token_ids and i == 0:
+                first["prompt_token_ids"] = list(plan.tokens)
+            yield protocol.sse(first)
             if plan.echo:
                 yield protocol.sse(protocol.chat_chunk(ids, i, {"content": plan.echo}, usage_=usage_now(0)))
         queues: list[Iterator[Delta | Generation]] = [_chain(f, s) for f, s in zip(firsts, streams)]
@@ -272,9 +290,12 @@ def chat_events(served: Served, plan: ChatPlan, abort: threading.Event) -> Itera
                     results[i] = item
                     cached = results.get(0, item).cached_tokens
                     active.remove(i)
-                for delta, logprobs, finish, stop in choices[i].feed(item):
-                    yield protocol.sse(protocol.chat_chunk(ids, i, delta, finish_reason=finish, stop_reason=stop,
-                                                           logprobs=logprobs, usage_=usage_now(choices[i].tokens)))
+                for delta, logprobs, finish, stop, token_ids in choices[i].feed(item):
+                    chunk = protocol.chat_chunk(ids, i, delta, finish_reason=finish, stop_reason=stop,
+                                                logprobs=logprobs, usage_=usage_now(choices[i].tokens))
+                    if plan.token_ids:
+                        chunk["choices"][0]["token_ids"] = token_ids
+                    yield protocol.sse(chunk)
         if plan.include_usage:
             total = sum(r.completion_tokens for r in results.values())
             yield protocol.sse(protocol.usage_chunk(ids, _usage(plan, total, results[0].cached_tokens)))

@@ -37,6 +37,8 @@ class CompletionPlan:
     include_usage: bool
     continuous_usage: bool
     details: bool
+    token_ids: bool = False
+    tokens_as_ids: bool = False
 
     @property
     def n(self) -> int:
@@ -73,15 +75,16 @@ def plan_completion(served: Served, request: CompletionRequest) -> CompletionPla
     return CompletionPlan(protocol.Ids(served.model_id, prefix="cmpl"), prompts, params, max_tokens,
                           request.cache_salt, request.echo, request.logprobs,
                           bool(options and options.include_usage),
-                    bool(options and options.include_usage and options.continuous_usage_stats),
-                          served.options.enable_prompt_tokens_details)
+                          bool(options and options.include_usage and options.continuous_usage_stats),
+                          served.options.enable_prompt_tokens_details, bool(request.return_token_ids),
+                          bool(request.return_tokens_as_token_ids))
 
 
 def _logprobs(served: Served, plan: CompletionPlan, prompt: list[int], result: Generation,
               echo_text: str) -> dict[str, Any] | None:
     if plan.logprobs is None:
         return None
-    text_of = token_text(served)
+    text_of = token_text(served, plan.tokens_as_ids)
     if plan.echo and result.prompt_logprobs is not None:
         return protocol.completion_logprobs([*result.prompt_logprobs, *result.logprobs],
                                             [*prompt, *result.token_ids], text_of)
@@ -98,10 +101,13 @@ def completion_whole(served: Served, plan: CompletionPlan, abort: threading.Even
             result = engine.generate(prompt, params=params, cache_salt=plan.cache_salt, abort=abort)
             completion_tokens += result.completion_tokens
             cached += result.cached_tokens if i == 0 else 0
-            choices.append(protocol.text_choice(
+            choice = protocol.text_choice(
                 p_index * plan.n + i, echo_text + result.text, result.finish_reason, result.stop_reason,
                 _logprobs(served, plan, prompt, result, echo_text),
-                protocol.prompt_logprobs(result.prompt_logprobs, token_text(served)) if not plan.echo else None))
+                protocol.prompt_logprobs(result.prompt_logprobs, token_text(served, plan.tokens_as_ids)))
+            if plan.token_ids:
+                choice["prompt_token_ids"], choice["token_ids"] = list(prompt), list(result.token_ids)
+            choices.append(choice)
     prompt_tokens = sum(len(p) for p in plan.prompts) * 1
     usage = protocol.usage(prompt_tokens, completion_tokens, cached if plan.details else None)
     return protocol.text_completion(plan.ids, choices, usage)
@@ -110,7 +116,7 @@ def completion_whole(served: Served, plan: CompletionPlan, abort: threading.Even
 def completion_events(served: Served, plan: CompletionPlan, abort: threading.Event) -> Iterator[bytes]:
     """The SSE body: text chunks per choice (the last with finish_reason), the usage chunk if asked, ``[DONE]``."""
     engine = served.engine
-    text_of = token_text(served)
+    text_of = token_text(served, plan.tokens_as_ids)
     completion_tokens, cached = 0, 0
     for p_index, prompt in enumerate(plan.prompts):
         for i, params in enumerate(plan.params):
@@ -118,6 +124,7 @@ def completion_events(served: Served, plan: CompletionPlan, abort: threading.Eve
             stream = engine.stream(prompt, params=params, cache_salt=plan.cache_salt, abort=abort)
             try:
                 lead = engine.decode(prompt) if plan.echo else ""
+                first = True
                 pending: Delta | None = None
                 tokens = 0
                 for item in stream:
@@ -125,16 +132,16 @@ def completion_events(served: Served, plan: CompletionPlan, abort: threading.Eve
                         completion_tokens += item.completion_tokens
                         cached += item.cached_tokens if i == 0 else 0
                         text = lead + (pending.text if pending else "")
-                        yield protocol.sse(protocol.text_chunk(
+                        yield protocol.sse(_with_ids(plan, protocol.text_chunk(
                             plan.ids, index, text, finish_reason=item.finish_reason, stop_reason=item.stop_reason,
                             logprobs=_delta_logprobs(plan, pending, text_of),
-                            usage_=_continuous(plan, len(prompt), tokens)))
+                            usage_=_continuous(plan, len(prompt), tokens)), prompt if first else None, pending))
                         break
-                    if pending is not None and (pending.text or lead):
-                        yield protocol.sse(protocol.text_chunk(
+                    if pending is not None and (pending.text or lead or plan.token_ids):
+                        yield protocol.sse(_with_ids(plan, protocol.text_chunk(
                             plan.ids, index, lead + pending.text, logprobs=_delta_logprobs(plan, pending, text_of),
-                            usage_=_continuous(plan, len(prompt), tokens)))
-                        lead = ""
+                            usage_=_continuous(plan, len(prompt), tokens)), prompt if first else None, pending))
+                        lead, first = "", False
                     pending = item
                     tokens += 1
             finally:
@@ -144,6 +151,17 @@ def completion_events(served: Served, plan: CompletionPlan, abort: threading.Eve
                                cached if plan.details else None)
         yield protocol.sse(protocol.usage_chunk(plan.ids, usage, "text_completion"))
     yield protocol.sse("[DONE]")
+
+
+def _with_ids(plan: CompletionPlan, chunk: dict[str, Any], prompt: list[int] | None,
+              delta: Delta | None) -> dict[str, Any]:
+    """Add ``prompt_token_ids`` (first chunk) and ``token_ids`` when the request asked for them."""
+    if plan.token_ids:
+        choice = chunk["choices"][0]
+        if prompt is not None:
+            choice["prompt_token_ids"] = list(prompt)
+        choice["token_ids"] = [delta.token_id] if delta is not None and delta.token_id is not None else []
+    return chunk
 
 
 def _delta_logprobs(plan: CompletionPlan, delta: Delta | None, text_of: protocol.TokenText) -> dict[str, Any] | None:

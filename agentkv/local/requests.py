@@ -136,6 +136,8 @@ class SamplingFields(_Model):
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = Field(default_factory=list)
     allowed_token_ids: list[int] | None = None
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
