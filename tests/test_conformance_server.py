@@ -177,7 +177,7 @@ def test_non_streaming_disconnect_aborts_the_request(server):
     aborted = server.engine.stats().requests_finished.get("abort", 0)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.api_base + "/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
+        httpx.post(server.api_base + "/completions", json=body, timeout=httpx.Timeout(30, read=0.15))
     wait_idle(server)
     assert server.engine.stats().requests_finished["abort"] == aborted + 1
     assert server.engine.stats().generation_tokens < 10**6
