@@ -27,6 +27,7 @@ def test_arguments_and_defaults():
     args = parser.parse_args(["--size", "large", "--window", "8192", "--port", "0", "--cache-budget-mb", "64"])
     assert (args.size, args.window, args.port, args.cache_budget_mb) == ("large", 8192, 0, 64)
     assert args.model_path is None and args.served_model_name is None
+    assert args.enable_prompt_tokens_details is False and args.max_logprobs == 20  # vLLM's defaults
 
 
 def test_serve_answers_then_stops_on_sigterm():

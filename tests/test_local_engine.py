@@ -222,3 +222,33 @@ def test_an_abandoned_stream_releases_the_engine(engine):
     stream.close()
     assert engine.generate(ids, 1).completion_tokens == 1
     assert engine.stats().requests_finished["abort"] == 1
+
+
+def test_fair_lock_grants_in_arrival_order():
+    """Waiters get a FairLock in the order they asked, and a cancelled waiter leaves the queue without it."""
+    import threading
+    import time
+
+    from agentkv.local.scheduler import FairLock
+
+    lock, order, cancel = FairLock(), [], threading.Event()
+    lock.acquire()
+
+    def take(name):
+        if lock.acquire(cancel=cancel if name == "gone" else None):
+            order.append(name)
+            lock.release()
+
+    threads = []
+    for name in ("a", "gone", "b", "c"):
+        threads.append(threading.Thread(target=take, args=(name,)))
+        threads[-1].start()
+        while lock.waiting < len(threads):
+            time.sleep(0.001)
+    cancel.set()
+    while lock.waiting > 3:
+        time.sleep(0.001)
+    lock.release()
+    for thread in threads:
+        thread.join()
+    assert order == ["a", "b", "c"] and lock.acquire(blocking=False)  # and the lock is free again

@@ -93,7 +93,7 @@ def test_chat_completion_response_shape(client):
     usage = body["usage"]
     assert usage["completion_tokens"] == 4
     assert usage["total_tokens"] == usage["prompt_tokens"] + 4
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # in-process servers enable the details
 
 
 def test_repeated_prefix_reports_cached_tokens(client):
@@ -199,7 +199,7 @@ def test_metrics_counters_increase(client):
     for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total"):
         assert metric(after, name) > metric(before, name)
     assert "# TYPE vllm:prefix_cache_hits_total counter" in after
-    assert 'vllm:request_success_total{engine="0",model_name="agentkv-tiny",finished_reason="length"} 2.0' in after
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="agentkv-tiny"} 2.0' in after
 
 
 def test_health_and_unknown_paths(client):

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from agentkv.local.limits import ContextLengthExceeded, LengthError, check_length
     from agentkv.local.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model, load_model
     from agentkv.local.prefix_cache import KVBlock, PrefixCache
+    from agentkv.local.requests import ChatCompletionRequest, CompletionRequest
+    from agentkv.local.sampling import SamplingParams
     from agentkv.local.server import LocalServer, LoggedRequest
 
 _EXPORTS = {
@@ -40,12 +42,17 @@ _EXPORTS = {
     "load_model": "agentkv.local.models",
     "KVBlock": "agentkv.local.prefix_cache",
     "PrefixCache": "agentkv.local.prefix_cache",
+    "ChatCompletionRequest": "agentkv.local.requests",
+    "CompletionRequest": "agentkv.local.requests",
+    "SamplingParams": "agentkv.local.sampling",
     "LocalServer": "agentkv.local.server",
     "LoggedRequest": "agentkv.local.server",
 }
 
 __all__ = [
+    "ChatCompletionRequest",
     "ChatRequest",
+    "CompletionRequest",
     "ContextLengthExceeded",
     "DEFAULT_WINDOWS",
     "Delta",
@@ -59,6 +66,7 @@ __all__ = [
     "LoggedRequest",
     "MODEL_SIZES",
     "PrefixCache",
+    "SamplingParams",
     "TiktokenCodec",
     "build_model",
     "check_length",

@@ -1,8 +1,11 @@
 """The embedded engine: one transformers causal LM, a real prefix cache, greedy or seeded-sampling decode.
 
 A request reuses the longest run of cached 16-token blocks of its prompt (never the final token), prefills only
-the rest, and caches every full block of the prompt and of the generated text for the next request. Requests are
-serialised by one lock; ``stream`` holds it while its iterator is being consumed.
+the rest, and caches every full block of the prompt and of the generated text for the next request. Concurrent
+requests take turns on the model through a first-come-first-served :class:`~agentkv.local.scheduler.FairLock`:
+a prefill is one turn, each decode step another, so running requests interleave token by token and a new one
+waits (``waiting``) only until the turn in progress ends. A request whose ``abort`` event is set, or whose
+stream is closed, stops at its next step and its KV is freed.
 
 Usage::
 
@@ -24,10 +27,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from agentkv.events import emit
 from agentkv.local import kv
 from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
-from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, visible_text
+from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, token_logprob
 from agentkv.local.limits import ContextLengthExceeded, check_length
 from agentkv.local.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
 from agentkv.local.prefix_cache import PrefixCache
+from agentkv.local.sampling import SamplingParams, StopChecker, TokenLogprob
+from agentkv.local.scheduler import Aborted, FairLock, RequestTrace
 
 if TYPE_CHECKING:
     import torch
@@ -42,10 +47,11 @@ faster when other work (another engine's prefill, another process) competes for 
 
 @dataclass(frozen=True)
 class Delta:
-    """One streamed step: the generated token (None for trailing text only) and the text it completes."""
+    """One streamed step: the generated token (None for trailing text only), the text it completes, its logprob."""
 
     token_id: int | None
     text: str
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class Generation:
     finish_reason: str
     ttft_s: float
     total_s: float
+    stop_reason: int | str | None = None
+    logprobs: tuple[TokenLogprob | None, ...] = ()
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -79,6 +88,9 @@ class EngineStats:
     cache_bytes_used: int
     cache_budget_bytes: int
     cache_blocks: int
+    running: int = 0
+    waiting: int = 0
+    running_kv_bytes: int = 0
 
 
 @dataclass
@@ -91,8 +103,24 @@ class _Counters:
     prefix_cache_hits: int = 0
 
 
+@dataclass
+class _Sequence:
+    """The mutable state of one request while it runs."""
+
+    trace: RequestTrace
+    admitted: bool = False
+    cache: Any = None
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    text: str = ""
+    finish: str | None = None
+    stop_reason: int | str | None = None
+    ttft: float = 0.0
+
+
 class LocalEngine:
-    """An in-process model with a vLLM-style prefix cache, serving one request at a time."""
+    """An in-process model with a vLLM-style prefix cache; concurrent requests take fair turns."""
 
     def __init__(
         self,
@@ -117,9 +145,13 @@ class LocalEngine:
         self.decode_threads = decode_threads
         self.prefix_cache = PrefixCache(block_size=block_size, budget_bytes=cache_budget_bytes)
         self._bias = logit_bias(self.codec, int(model.config.vocab_size))
-        self._lock = threading.Lock()  # serialises requests and cache access
+        self._lock = FairLock()  # one turn on the model and the prefix cache at a time, first come first served
         self._stats_lock = threading.Lock()  # counters only, so metrics never wait for a request
         self._counters = _Counters()
+        self._running: dict[int, int] = {}  # id(request) -> tokens of KV it holds
+        self._waiting = 0
+        self.observers: list[Any] = []
+        """Callables given a :class:`~agentkv.local.scheduler.RequestTrace` when a request ends (metrics)."""
         emit("local.engine.ready", model_id=model_id, max_model_len=self.max_model_len,
              layers=self.num_layers, parameters=sum(p.numel() for p in model.parameters()))
 
@@ -159,6 +191,17 @@ class LocalEngine:
         return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one token occupies across all layers."""
+        size = next(self.model.parameters()).element_size()
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * size
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (what ``logit_bias`` ids are checked against, as vLLM does)."""
+        return int(self.model.config.vocab_size)
+
+    @property
     def encoding(self) -> Any:
         """The tiktoken encoding, or None when a checkpoint's own tokenizer is in use."""
         return getattr(self.codec, "encoding", None)
@@ -196,27 +239,37 @@ class LocalEngine:
     # --- requests --------------------------------------------------------------------------------
 
     def generate(
-        self, token_ids: Sequence[int], max_tokens: int, *, cache_salt: str | None = None,
-        temperature: float = 0.0, seed: int | None = None,
+        self, token_ids: Sequence[int], max_tokens: int | None = None, *, cache_salt: str | None = None,
+        temperature: float = 0.0, seed: int | None = None, params: SamplingParams | None = None,
+        abort: threading.Event | None = None,
     ) -> Generation:
         """Run one request to completion (raises :class:`ContextLengthExceeded` when it does not fit)."""
-        for item in self.stream(token_ids, max_tokens, cache_salt=cache_salt, temperature=temperature, seed=seed):
+        for item in self.stream(token_ids, max_tokens, cache_salt=cache_salt, temperature=temperature, seed=seed,
+                                params=params, abort=abort):
             if isinstance(item, Generation):
                 return item
         raise RuntimeError("stream ended without a result")  # pragma: no cover
 
     def stream(
-        self, token_ids: Sequence[int], max_tokens: int, *, cache_salt: str | None = None,
-        temperature: float = 0.0, seed: int | None = None,
+        self, token_ids: Sequence[int], max_tokens: int | None = None, *, cache_salt: str | None = None,
+        temperature: float = 0.0, seed: int | None = None, params: SamplingParams | None = None,
+        abort: threading.Event | None = None,
     ) -> Iterator[Delta | Generation]:
-        """Yield a :class:`Delta` per generated token, then the :class:`Generation`; validates eagerly."""
+        """Yield a :class:`Delta` per generated token, then the :class:`Generation`; validates eagerly.
+
+        ``params`` carries every sampling field; without it ``max_tokens``, ``temperature`` and ``seed`` are
+        used (a None seed samples with seed 0, as before). Setting ``abort`` stops the request at its next step.
+        """
         prompt = [int(t) for t in token_ids]
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
-        error = check_length(len(prompt), max_tokens, self.max_model_len)
+        if params is None:
+            params = SamplingParams(max_tokens=int(max_tokens or 0), temperature=temperature,
+                                    seed=0 if seed is None else seed)
+        error = check_length(len(prompt), params.max_tokens, self.max_model_len)
         if error is not None:
             raise ContextLengthExceeded(error)
-        return self._run(prompt, int(max_tokens), cache_salt, Sampler(temperature, seed, self._bias))
+        return self._run(prompt, params, cache_salt, abort or threading.Event())
 
     def prefill_logits(self, token_ids: Sequence[int], cache_salt: str | None = None) -> tuple[torch.Tensor, int]:
         """Prefill like a request (reusing and filling the prefix cache) without sampling.
@@ -232,50 +285,137 @@ class LocalEngine:
         return logits, cached
 
     def quiesce(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the request in flight, then hold the engine so no other starts.
+        """Wait up to ``timeout_s`` for the requests in flight, then hold the engine so no other starts.
 
         For interpreter exit: torch work cut off by finalization can abort the process. Returns False
-        when the request in flight did not finish in time.
+        when the requests in flight did not finish in time.
         """
-        return self._lock.acquire(timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._lock.acquire(timeout=left):
+                return False
+            with self._stats_lock:
+                idle = not self._running and not self._waiting
+            if idle:
+                return True
+            self._lock.release()
+            time.sleep(0.01)
 
-    def _run(self, prompt: list[int], max_tokens: int, salt: str | None, sampler: Sampler
+    def _turn(self, abort: threading.Event) -> None:
+        """Wait for this request's turn on the model, giving up if it is aborted meanwhile."""
+        if not self._lock.acquire(cancel=abort):
+            raise Aborted()
+
+    def _run(self, prompt: list[int], params: SamplingParams, salt: str | None, abort: threading.Event
              ) -> Iterator[Delta | Generation]:
-        with self._lock:
-            started = time.perf_counter()
-            self._count(requests_started=1)
-            cache, cached, logits = self._prefill(prompt, salt)
-            ttft = time.perf_counter() - started
-            generated: list[int] = []
-            finish = "abort"
-            try:
-                yield from self._decode(cache, logits, sampler, len(prompt), max_tokens, generated)
-                finish = "stop" if generated and generated[-1] in self.codec.eos_token_ids else "length"
-            finally:
-                self._finish(prompt, generated, cache, salt, finish)
-            text = visible_text(self.codec, generated, self.codec.eos_token_ids)
-            result = Generation(generated, text, len(prompt), cached, finish, ttft, time.perf_counter() - started)
-            emit("local.request.finished", model_id=self.model_id, prompt_tokens=len(prompt),
-                 cached_tokens=cached, completion_tokens=len(generated), finish_reason=finish,
-                 ttft_s=round(ttft, 4), total_s=round(result.total_s, 4))
-        yield result  # after the lock is released: the engine is free once the caller sees the result
+        trace = RequestTrace(len(prompt), params.max_tokens, arrival=time.perf_counter())
+        state = _Sequence(trace)
+        with self._stats_lock:
+            self._waiting += 1
+        try:
+            yield from self._steps(prompt, params, salt, abort, state)
+        except Aborted:
+            state.finish = "abort"
+        finally:
+            self._end(prompt, salt, state)
+        result = Generation(state.generated, state.text, len(prompt), trace.cached_tokens, state.finish,
+                            state.ttft, trace.finished - trace.arrival, state.stop_reason, tuple(state.logprobs),
+                            state.prompt_logprobs)
+        emit("local.request.finished", model_id=self.model_id, prompt_tokens=len(prompt),
+             cached_tokens=trace.cached_tokens, completion_tokens=len(state.generated), finish_reason=state.finish,
+             ttft_s=round(state.ttft, 4), total_s=round(result.total_s, 4))
+        yield result  # after the request's KV is released: the engine is free once the caller sees the result
 
-    def _decode(self, cache: Any, logits: torch.Tensor, sampler: Sampler, prompt_len: int, max_tokens: int,
-                generated: list[int]) -> Iterator[Delta]:
-        """Sample up to ``max_tokens`` tokens into ``generated``, stopping after EOS."""
-        detokenizer = Detokenizer(self.codec, skip=self.codec.eos_token_ids)
-        while len(generated) < max_tokens:
-            token = sampler(logits)
-            generated.append(token)
-            yield Delta(token, detokenizer.push(token))
-            if token in self.codec.eos_token_ids:
-                break
-            if len(generated) < max_tokens:
+    def _steps(self, prompt: list[int], params: SamplingParams, salt: str | None, abort: threading.Event,
+               state: _Sequence) -> Iterator[Delta]:
+        """Prefill, then sample and decode one token per turn until a stop condition; fills ``state``."""
+        trace = state.trace
+        self._turn(abort)
+        if abort.is_set():  # its client left while it waited: never prefill it
+            self._lock.release()
+            raise Aborted()
+        try:
+            with self._stats_lock:
+                self._waiting -= 1
+                self._running[id(state)] = len(prompt)
+            state.admitted = True
+            trace.scheduled = time.perf_counter()
+            self._count(requests_started=1)
+            state.cache, trace.cached_tokens, logits = self._prefill(prompt, salt)
+            trace.prefill_tokens = len(prompt) - trace.cached_tokens
+            if params.prompt_logprobs is not None:
+                state.prompt_logprobs = self._prompt_logprobs(prompt, params.prompt_logprobs)
+        finally:
+            self._lock.release()
+        state.ttft = time.perf_counter() - trace.arrival
+        eos = self.codec.eos_token_ids
+        sampler = Sampler(params, self._bias, () if params.ignore_eos else eos)
+        detokenizer = Detokenizer(self.codec, skip=eos | set(params.stop_token_ids))
+        stopper = StopChecker(params.stop, include=params.include_stop_str_in_output)
+        while True:
+            if abort.is_set():
+                state.finish = "abort"
+                return
+            with intra_op_threads(self.decode_threads):  # vector ops on [vocab]: 1 thread avoids pool contention
+                token, logprob = sampler(logits)
+            trace.token_times.append(time.perf_counter())
+            state.generated.append(token)
+            state.logprobs.append(logprob)
+            text = ""
+            if token in eos and not params.ignore_eos:
+                state.finish = "stop"
+            elif token in params.stop_token_ids:
+                state.finish, state.stop_reason = "stop", token
+            else:
+                text, hit = stopper.push(detokenizer.push(token))
+                if hit is not None:
+                    state.finish, state.stop_reason = "stop", hit
+            if state.finish is None and len(state.generated) >= params.max_tokens:
+                state.finish = "length"
+            if state.finish is not None:
+                text += stopper.push(detokenizer.flush())[0] + stopper.flush()
+            state.text = stopper.text
+            yield Delta(token, text, logprob)
+            if state.finish is not None:
+                return
+            self._turn(abort)
+            try:
                 with intra_op_threads(self.decode_threads):
-                    logits = self._forward([token], cache, prompt_len + len(generated) - 1)
-        tail = detokenizer.flush()
-        if tail:
-            yield Delta(None, tail)
+                    logits = self._forward([token], state.cache, len(prompt) + len(state.generated) - 1)
+                with self._stats_lock:
+                    self._running[id(state)] = len(prompt) + len(state.generated)
+            finally:
+                self._lock.release()
+
+    def _prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:
+        """Logprobs of each prompt token given the ones before it (None for the first), computed afresh."""
+        import torch
+
+        with torch.inference_mode(), intra_op_threads(self.prefill_threads):
+            positions = torch.arange(len(prompt)).unsqueeze(0)
+            logits = self.model(input_ids=torch.tensor([prompt]), position_ids=positions).logits[0]  # (T, V)
+        return [None] + [token_logprob(logits[i - 1], prompt[i], top) for i in range(1, len(prompt))]
+
+    def _end(self, prompt: list[int], salt: str | None, state: _Sequence) -> None:
+        """Cache the sequence's blocks, free its KV, count it, and tell the observers."""
+        trace = state.trace
+        finish = state.finish or "abort"
+        state.finish = finish
+        if state.admitted and state.cache is not None:
+            with self._lock:
+                self._store(prompt + state.generated, state.cache, salt)
+        state.cache = None
+        with self._stats_lock:
+            if state.admitted:
+                self._running.pop(id(state), None)
+            else:
+                self._waiting -= 1
+        if state.admitted:
+            self._count(prompt_tokens=len(prompt), generation_tokens=len(state.generated), finished=finish)
+        trace.finished, trace.finish_reason = time.perf_counter(), finish
+        for observer in list(self.observers):
+            observer(trace)
 
     def _prefill(self, prompt: list[int], salt: str | None) -> tuple[Any, int, torch.Tensor]:
         """Restore the longest cached prefix (never the last token), prefill the rest, cache the prompt."""
@@ -316,10 +456,6 @@ class LocalEngine:
         with torch.inference_mode():
             self.prefix_cache.insert(self.prefix_cache.hashes(held, salt),
                                      lambda i: kv.block_from_layers(keys, values, i, self.block_size))
-
-    def _finish(self, prompt: list[int], generated: list[int], cache: Any, salt: str | None, reason: str) -> None:
-        self._store(prompt + generated, cache, salt)
-        self._count(prompt_tokens=len(prompt), generation_tokens=len(generated), finished=reason)
 
     # --- KV access for handoff ------------------------------------------------------------------
 
@@ -386,7 +522,8 @@ class LocalEngine:
             return EngineStats(c.requests_started, dict(c.requests_finished), c.prompt_tokens,
                                c.generation_tokens, c.prefix_cache_queries, c.prefix_cache_hits,
                                self.prefix_cache.bytes_used, self.prefix_cache.budget_bytes,
-                               len(self.prefix_cache))
+                               len(self.prefix_cache), len(self._running), self._waiting,
+                               sum(self._running.values()) * self.kv_bytes_per_token)
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block (vLLM's ``/reset_prefix_cache``)."""

@@ -1,132 +1,40 @@
-"""vLLM's OpenAI-compatible wire format as pure functions: request parsing and response, chunk and metric text.
+"""vLLM's OpenAI-compatible responses as pure functions: completion objects, stream chunks, logprobs, usage.
 
-Nothing here touches a model or a socket; :mod:`agentkv.local.routes` carries out what these decide.
+Nothing here touches a model or a socket; :mod:`agentkv.local.routes` decides what to send and these build it.
+Shapes follow vLLM's ``ChatCompletionResponse``/``CompletionResponse`` and their stream chunks: a message's
+``tool_calls`` is left out when there are none (the SDK then reads None), ``stop_reason`` rides with
+``finish_reason``, and ``usage.prompt_tokens_details`` is filled only when the server enables it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from agentkv.local.codec import ChatRequest
-from agentkv.local.limits import error_body
+from agentkv.local.requests import RequestError
+from agentkv.local.sampling import TokenLogprob
 
+TokenText = Callable[[int], str]
+"""One token id's own text (what logprob entries name a token by)."""
 
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` with vLLM's error JSON."""
-
-    def __init__(self, message: str, *, status: int = 400, type: str = "BadRequestError",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = error_body(message, type=type, param=param, code=status)
-
-
-@dataclass(frozen=True)
-class ChatCall:
-    """A parsed ``/v1/chat/completions`` body."""
-
-    model: str | None
-    chat: ChatRequest
-    max_tokens: int | None
-    max_tokens_param: str
-    temperature: float
-    seed: int | None
-    stream: bool
-    include_usage: bool
-    cache_salt: str | None
-
-
-@dataclass(frozen=True)
-class TokenizeCall:
-    """A parsed ``/tokenize`` body: a chat (``chat`` set) or a plain prompt."""
-
-    model: str | None
-    chat: ChatRequest | None = None
-    prompt: str = ""
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
+MIN_LOGPROB = -9999.0
+"""vLLM clamps logprobs to OpenAI's floor, so -inf never reaches JSON."""
 
 
 @dataclass
-class ChatIds:
+class Ids:
     """The identity every response and chunk of one request repeats."""
 
     model: str
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    prefix: str = "chatcmpl"
+    id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
-
-def _require_object(body: Any) -> Mapping[str, Any]:
-    if not isinstance(body, Mapping):
-        raise RequestError("The request body must be a JSON object.")
-    return body
-
-
-def _optional_int(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RequestError(f"{name} must be a positive integer, got {value!r}.", param=name)
-    return value
-
-
-def _chat_request(body: Mapping[str, Any], *, generation_default: bool = True) -> ChatRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-        raise RequestError("messages must be a list of message objects.", param="messages")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise RequestError("chat_template_kwargs must be an object.", param="chat_template_kwargs")
-    continue_final = bool(body.get("continue_final_message", False))
-    add_prompt = bool(body.get("add_generation_prompt", generation_default and not continue_final))
-    if continue_final and add_prompt:
-        raise RequestError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    return ChatRequest(messages, body.get("tools") or None, body.get("tool_choice"), add_prompt,
-                       continue_final, dict(kwargs))
-
-
-def _cache_salt(body: Mapping[str, Any]) -> str | None:
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise RequestError("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
-    return salt
-
-
-def parse_chat(body: Any) -> ChatCall:
-    """A ``/v1/chat/completions`` body, validated as vLLM validates the fields agentkv serves."""
-    body = _require_object(body)
-    if body.get("max_completion_tokens") is not None:
-        max_tokens, param = _optional_int(body, "max_completion_tokens"), "max_completion_tokens"
-    else:
-        max_tokens, param = _optional_int(body, "max_tokens"), "max_tokens"
-    stream = bool(body.get("stream", False))
-    options = body.get("stream_options") or {}
-    if options and not stream:
-        raise RequestError("Stream options can only be defined when `stream=True`.", param="stream_options")
-    temperature = body.get("temperature")
-    return ChatCall(body.get("model"), _chat_request(body), max_tokens, param,
-                    float(temperature) if temperature is not None else 0.0, body.get("seed"), stream,
-                    bool(options.get("include_usage", False)), _cache_salt(body))
-
-
-def parse_tokenize(body: Any) -> TokenizeCall:
-    """A ``/tokenize`` body: the chat form when it has ``messages``, the prompt form otherwise."""
-    body = _require_object(body)
-    strs = bool(body.get("return_token_strs", False))
-    if "messages" in body:
-        return TokenizeCall(body.get("model"), _chat_request(body),
-                            add_special_tokens=bool(body.get("add_special_tokens", False)), return_token_strs=strs)
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise RequestError("prompt must be a string.", param="prompt")
-    return TokenizeCall(body.get("model"), prompt=prompt,
-                        add_special_tokens=bool(body.get("add_special_tokens", True)), return_token_strs=strs)
+    def __post_init__(self) -> None:
+        self.id = self.id or f"{self.prefix}-{uuid.uuid4().hex}"
 
 
 def model_not_found(model: str) -> RequestError:
@@ -137,66 +45,156 @@ def model_not_found(model: str) -> RequestError:
 def models_list(model_id: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
     """``GET /v1/models``."""
     card = {"id": model_id, "object": "model", "created": created, "owned_by": "vllm", "root": root,
-            "parent": None, "max_model_len": max_model_len, "permission": []}
+            "parent": None, "max_model_len": max_model_len,
+            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                            "created": created, "allow_create_engine": False, "allow_sampling": True,
+                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                            "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}]}
     return {"object": "list", "data": [card]}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """The ``usage`` object, with ``prompt_tokens_details.cached_tokens`` filled in."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """The ``usage`` object; ``cached_tokens`` None leaves ``prompt_tokens_details`` null (vLLM's default)."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "completion_tokens": completion_tokens, "prompt_tokens_details": details}
 
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+def _clamp(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split hermes-style ``<tool_call>{json}</tool_call>`` blocks out of ``text``, as vLLM's hermes parser does.
+def _entry(token_text: TokenText, token_id: int, logprob: float) -> dict[str, Any]:
+    text = token_text(token_id)
+    return {"token": text, "logprob": _clamp(logprob), "bytes": list(text.encode("utf-8"))}
 
-    Returns the remaining content (None when nothing is left) and OpenAI ``tool_calls``; text whose blocks do
-    not all parse is returned unchanged with no calls.
+
+def chat_logprobs(entries: Sequence[TokenLogprob | None], token_text: TokenText) -> dict[str, Any]:
+    """``choices[i].logprobs`` of a chat response: one entry per generated token with its top alternatives."""
+    content = []
+    for e in entries:
+        if e is None:
+            continue
+        item = _entry(token_text, e.token_id, e.logprob)
+        item["top_logprobs"] = [_entry(token_text, i, lp) for i, lp in e.top]
+        content.append(item)
+    return {"content": content}
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob | None], token_ids: Sequence[int], token_text: TokenText,
+                        offset: int = 0) -> dict[str, Any]:
+    """The legacy completions ``logprobs`` object (``text_offset``, ``token_logprobs``, ``tokens``, ``top_logprobs``).
+
+    ``entries`` may hold None (the first prompt token under ``echo``): its logprob and top list are null.
     """
-    calls = []
-    for raw in _TOOL_CALL.findall(text):
-        try:
-            parsed = json.loads(raw)
-            name, arguments = parsed["name"], parsed.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            return text, []
-        calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-                      "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
-    if not calls:
-        return text, []
-    content = text[: text.find("<tool_call>")].strip()
-    return content or None, calls
+    out: dict[str, list[Any]] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for token_id, e in zip(token_ids, entries):
+        text = token_text(token_id)
+        out["text_offset"].append(offset)
+        offset += len(text)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(None if e is None else _clamp(e.logprob))
+        if e is None:
+            out["top_logprobs"].append(None)
+            continue
+        top = {token_text(i): _clamp(lp) for i, lp in e.top}
+        top.setdefault(text, _clamp(e.logprob))
+        out["top_logprobs"].append(top)
+    return out
 
 
-def completion(ids: ChatIds, text: str, finish_reason: str, usage_: Mapping[str, Any],
-               tools_enabled: bool) -> dict[str, Any]:
+def prompt_logprobs(entries: Sequence[TokenLogprob | None] | None, token_text: TokenText
+                    ) -> list[dict[str, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank, decoded_token}}``."""
+    if entries is None:
+        return None
+    out: list[dict[str, Any] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        position = {str(i): {"logprob": _clamp(lp), "rank": rank, "decoded_token": token_text(i)}
+                    for rank, (i, lp) in enumerate(e.top, start=1)}
+        position[str(e.token_id)] = {"logprob": _clamp(e.logprob), "rank": e.rank,
+                                     "decoded_token": token_text(e.token_id)}
+        out.append(position)
+    return out
+
+
+def message(content: str | None, tool_calls: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """An assistant message as vLLM serialises it (``tool_calls`` only when there are some)."""
+    out: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": None,
+                           "audio": None, "function_call": None, "reasoning": None, "reasoning_content": None}
+    if tool_calls:
+        out["tool_calls"] = [dict(c) for c in tool_calls]
+    return out
+
+
+def chat_choice(index: int, message_: Mapping[str, Any], finish_reason: str, stop_reason: int | str | None,
+                logprobs: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "message": dict(message_), "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason, "token_ids": None}
+
+
+def chat_completion(ids: Ids, choices: Sequence[Mapping[str, Any]], usage_: Mapping[str, Any],
+                    prompt_logprobs_: list[Any] | None = None) -> dict[str, Any]:
     """A ``chat.completion`` object."""
-    content, tool_calls = parse_tool_calls(text) if tools_enabled else (text, [])
-    message = {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
-               "function_call": None, "tool_calls": tool_calls, "reasoning_content": None}
-    choice = {"index": 0, "message": message, "logprobs": None,
-              "finish_reason": "tool_calls" if tool_calls else finish_reason, "stop_reason": None}
     return {"id": ids.id, "object": "chat.completion", "created": ids.created, "model": ids.model,
-            "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": dict(usage_),
-            "prompt_logprobs": None, "kv_transfer_params": None}
+            "choices": list(choices), "service_tier": None, "system_fingerprint": None, "usage": dict(usage_),
+            "prompt_logprobs": prompt_logprobs_, "prompt_token_ids": None, "kv_transfer_params": None}
 
 
-def chunk(ids: ChatIds, delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-    """A ``chat.completion.chunk`` with one choice."""
-    choice: dict[str, Any] = {"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}
+def chat_chunk(ids: Ids, index: int, delta: Mapping[str, Any], *, finish_reason: str | None = None,
+               stop_reason: int | str | None = None, logprobs: Mapping[str, Any] | None = None,
+               usage_: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` with one choice (``usage`` when continuous usage stats are on)."""
+    choice: dict[str, Any] = {"index": index, "delta": dict(delta), "logprobs": logprobs,
+                              "finish_reason": finish_reason}
     if finish_reason is not None:
-        choice["stop_reason"] = None
-    return {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": ids.model,
-            "choices": [choice]}
+        choice["stop_reason"] = stop_reason
+    out = {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": ids.model,
+           "choices": [choice]}
+    if usage_ is not None:
+        out["usage"] = _stream_usage(usage_)
+    return out
 
 
-def usage_chunk(ids: ChatIds, usage_: Mapping[str, Any]) -> dict[str, Any]:
+def _stream_usage(usage_: Mapping[str, Any]) -> dict[str, Any]:
+    """Usage inside a chunk: vLLM serialises chunks without unset fields, so a null details object is left out."""
+    return {k: v for k, v in usage_.items() if v is not None}
+
+
+def usage_chunk(ids: Ids, usage_: Mapping[str, Any], object_: str = "chat.completion.chunk") -> dict[str, Any]:
     """The final chunk ``stream_options.include_usage`` asks for: no choices, only usage."""
-    return {"id": ids.id, "object": "chat.completion.chunk", "created": ids.created, "model": ids.model,
-            "choices": [], "usage": dict(usage_)}
+    return {"id": ids.id, "object": object_, "created": ids.created, "model": ids.model, "choices": [],
+            "usage": _stream_usage(usage_)}
+
+
+def text_choice(index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
+                logprobs: Mapping[str, Any] | None, prompt_logprobs_: list[Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason, "token_ids": None, "prompt_logprobs": prompt_logprobs_,
+            "prompt_token_ids": None}
+
+
+def text_completion(ids: Ids, choices: Sequence[Mapping[str, Any]], usage_: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``text_completion`` object (``/v1/completions``)."""
+    return {"id": ids.id, "object": "text_completion", "created": ids.created, "model": ids.model,
+            "choices": list(choices), "service_tier": None, "system_fingerprint": None, "usage": dict(usage_),
+            "kv_transfer_params": None}
+
+
+def text_chunk(ids: Ids, index: int, text: str, *, finish_reason: str | None = None,
+               stop_reason: int | str | None = None, logprobs: Mapping[str, Any] | None = None,
+               usage_: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed ``text_completion`` chunk."""
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+              "stop_reason": stop_reason}
+    out = {"id": ids.id, "object": "text_completion", "created": ids.created, "model": ids.model,
+           "choices": [choice]}
+    if usage_ is not None:
+        out["usage"] = _stream_usage(usage_)
+    return out
 
 
 def sse(event: Mapping[str, Any] | str) -> bytes:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    agentkv serve --size small --window 2048 --port 8001
+    agentkv serve --size small --window 2048 --port 8001 --enable-prompt-tokens-details
     agentkv serve --model-path ./ckpt --served-model-name my-model --port 8002
 
 Runs until Ctrl-C or SIGTERM, then shuts down cleanly. torch and transformers are imported only in :func:`run`.
@@ -27,12 +27,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weight seed for a built model")
     parser.add_argument("--prefill-threads", type=int, default=None,
                         help="torch threads for prefill (default: torch's; 1 avoids oversubscription)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="fill usage.prompt_tokens_details.cached_tokens (off by default, as in vLLM)")
+    parser.add_argument("--unbounded-json", action="store_true",
+                        help="compile JSON schemas as given (default: add size bounds where a schema has none, so "
+                             "a random-weight model's JSON closes)")
+    parser.add_argument("--max-logprobs", type=int, default=20,
+                        help="most logprobs a request may ask for; -1 counts as the vocabulary (vLLM's default 20)")
 
 
 def _server(args: argparse.Namespace) -> Any:
     from agentkv.local.server import LocalServer
 
-    engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads}
+    engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads,
+                     "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
+                     "max_logprobs": args.max_logprobs, "bound_json": not args.unbounded_json}
     if args.model_path:
         return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
                                            port=args.port, **engine_kwargs)

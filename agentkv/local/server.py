@@ -1,7 +1,9 @@
 """The local server: a :class:`~agentkv.local.engine.LocalEngine` behind vLLM's OpenAI-compatible HTTP API.
 
-Standard library only (``http.server``), bound to 127.0.0.1. It runs in a daemon thread of the caller's process
-(tests, the demo) or in the foreground (``agentkv serve``). The served model id and window can be changed while it
+Starlette under uvicorn, as vLLM serves, bound to 127.0.0.1; this module is the only socket code and stays thin:
+:func:`routes.handle` decides, worker threads run the engine, and a client that disconnects has its request
+aborted. It runs in a daemon thread of the caller's process (tests, the demo) or in the foreground
+(``agentkv serve``). The served model id and window can be changed while it
 runs, as when a swap slot loads another model, and every request is logged for tests to inspect.
 
 Usage::
@@ -14,18 +16,22 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 from agentkv.events import emit
-from agentkv.local import routes
+from agentkv.local import protocol, routes
 from agentkv.local.engine import LocalEngine
+from agentkv.local.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
+from agentkv.local.limits import error_body
+from agentkv.local.metrics import ServerMetrics
 
 _RUNNING: dict[str, LocalEngine] = {}
 """Engines served by running LocalServers of this process, by base URL."""
@@ -57,129 +63,147 @@ class LoggedRequest(NamedTuple):
     body: Any
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server that can close its open keep-alive connections on shutdown."""
-
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], served: LocalServer) -> None:
-        super().__init__(address, _Handler)
-        self.served = served
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        """Shut down every open client socket so handler threads return."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+_POOL_THREADS = 256
+"""Generation threads per server: each in-flight request holds one while it waits for or takes its turns."""
+_PARSE_THREADS = 4
+"""Threads that validate and plan requests (tokenize, compile grammars), kept apart so that a full generation
+pool never delays the 400 for a bad request or the start of a new one."""
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """Reads a request, asks :func:`routes.handle`, writes the reply (SSE replies chunked)."""
+def _app(served: LocalServer) -> Any:
+    """The ASGI app: one catch-all route that hands the request to :func:`routes.handle`, plus X-Request-Id."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
 
-    protocol_version = "HTTP/1.1"
-    server: _HTTPServer
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """No access log: requests are in :attr:`LocalServer.requests` and completions are events."""
-
-    def _dispatch(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        reply = routes.handle(self.server.served, method, urlsplit(self.path).path, raw)
+    async def endpoint(request: Request) -> Response:
+        raw = await request.body()
+        loop = asyncio.get_running_loop()
+        content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
+        reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
+                                           request.url.path, raw, content_type)
+        headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
         if reply.events is not None:
-            self._send_events(reply)
-        else:
-            self._send_whole(reply)
+            return StreamingResponse(_relay(served, reply, request), status_code=reply.status,
+                                     media_type=reply.content_type, headers={**headers, "cache-control": "no-cache"})
+        if reply.work is not None:
+            await _finish_unless_gone(served, reply, request)
+        return Response(reply.payload(), status_code=reply.status, media_type=reply.content_type, headers=headers)
 
-    def _send_whole(self, reply: routes.Reply) -> None:
-        data = reply.payload()
-        self.send_response(reply.status)
-        self.send_header("Content-Type", reply.content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
 
-    def _send_events(self, reply: routes.Reply) -> None:
-        assert reply.events is not None
-        self.send_response(reply.status)
-        self.send_header("Content-Type", reply.content_type)
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+
+async def _finish_unless_gone(served: LocalServer, reply: routes.Reply, request: Any) -> None:
+    """Run the reply's deferred work in a worker thread; if the client disconnects meanwhile, abort it."""
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(served.pool, reply.finish)
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=0.05)
+            if not work.done() and await request.is_disconnected():
+                reply.abort.set()
+                emit("local.request.disconnected", path=request.url.path)
+        await work
+    finally:
+        if not work.done():  # cancelled (the server is stopping): stop the generation too
+            reply.abort.set()
+
+
+async def _relay(served: LocalServer, reply: routes.Reply, request: Any) -> Any:
+    """Iterate the reply's SSE events in a worker thread and pass them on; on disconnect, abort the request.
+
+    The worker keeps draining after an abort, so the engine ends the request (and frees its KV) at its next
+    step even though nobody reads the rest.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    done = object()
+    assert reply.events is not None
+    events = reply.events
+
+    def pump() -> None:
         try:
-            for event in reply.events:
-                self.wfile.write(b"%X\r\n%s\r\n" % (len(event), event))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            emit("local.stream.disconnected")
-        except Exception:  # headers are sent: the only way left to report failure is to drop the connection
-            emit("local.stream.failed", level="exception")
-            self.close_connection = True
+            for event in events:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+        except Exception as exc:  # headers are sent: an error event then [DONE], as vLLM's stream generators do
+            emit("local.stream.failed", level="exception", error=type(exc).__name__)
+            error = error_body(str(exc), type="InternalServerError", code=500)
+            for event in (protocol.sse(error), protocol.sse("[DONE]")):
+                loop.call_soon_threadsafe(queue.put_nowait, event)
         finally:
-            reply.events.close()
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+            loop.call_soon_threadsafe(queue.put_nowait, done)
+
+    served.pool.submit(pump)
+    try:
+        while True:
+            item = await queue.get()
+            if item is done:
+                return
+            yield item
+    finally:
+        reply.abort.set()  # a no-op once the stream has ended; stops the request when the client left early
 
 
 class LocalServer:
     """vLLM's OpenAI-compatible API for one engine, on 127.0.0.1."""
 
     def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *,
-                 root: str | None = None) -> None:
+                 root: str | None = None, enable_prompt_tokens_details: bool = True,
+                 max_logprobs: int = 20, bound_json: bool = True) -> None:
+        """``enable_prompt_tokens_details`` is on for in-process servers (agentkv's demo, examples and tests read
+        ``cached_tokens``); ``agentkv serve`` leaves it off unless ``--enable-prompt-tokens-details``, as vLLM."""
         self.engine = engine
         self.created = int(time.time())
         self.root = root or engine.model_id
+        self.options = routes.ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
         self._requests: list[LoggedRequest] = []
         self._requests_lock = threading.Lock()
-        self._httpd = _HTTPServer((host, port), self)
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self._address = self._socket.getsockname()
+        self.pool = ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"agentkv-gen-{self._address[1]}")
+        self.parse_pool = ThreadPoolExecutor(_PARSE_THREADS, thread_name_prefix=f"agentkv-req-{self._address[1]}")
+        self.metrics = ServerMetrics(engine, lambda: self.model_id)
+        self._grammars: GrammarCompiler | None = None
+        self._compiled: dict[str, CompiledGrammar] = {}
+        self._grammar_lock = threading.Lock()
+        self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
 
     @classmethod
     def from_size(cls, size: str = "small", *, window: int | None = None, model_id: str | None = None,
-                  port: int = 0, **engine_kwargs: Any) -> LocalServer:
+                  port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
+                  bound_json: bool = True, **engine_kwargs: Any) -> LocalServer:
         """A server over ``LocalEngine.from_size(size)``, served as ``agentkv-{size}`` unless named."""
         engine = LocalEngine.from_size(size, model_id=model_id, max_model_len=window, **engine_kwargs)
-        return cls(engine, port=port)
+        return cls(engine, port=port, enable_prompt_tokens_details=enable_prompt_tokens_details,
+                   max_logprobs=max_logprobs, bound_json=bound_json)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, window: int | None = None, model_id: str | None = None,
-                        port: int = 0, **engine_kwargs: Any) -> LocalServer:
+                        port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
+                        bound_json: bool = True, **engine_kwargs: Any) -> LocalServer:
         """A server over a checkpoint folder; the model id defaults to the folder's name."""
         engine = LocalEngine.from_pretrained(path, model_id=model_id, max_model_len=window, **engine_kwargs)
-        return cls(engine, port=port, root=str(path))
+        return cls(engine, port=port, root=str(path), enable_prompt_tokens_details=enable_prompt_tokens_details,
+                   max_logprobs=max_logprobs, bound_json=bound_json)
 
     # --- where it listens ------------------------------------------------------------------------
 
     @property
     def host(self) -> str:
-        return str(self._httpd.server_address[0])
+        return str(self._address[0])
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return int(self._address[1])
 
     @property
     def base_url(self) -> str:
@@ -237,6 +261,33 @@ class LocalServer:
             fields["window"] = self.max_model_len
         return Backend(**{**fields, **overrides})
 
+    # --- what the routes ask of the server ------------------------------------------------------
+
+    def compile_grammar(self, spec: GrammarSpec) -> CompiledGrammar:
+        """``spec`` compiled for this engine's vocabulary (the compiler is built on first use, grammars cached)."""
+        import json
+
+        key = json.dumps([spec.kind, spec.value], sort_keys=True, default=str)
+        with self._grammar_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.engine.codec, self.engine.vocab_size,
+                                                 sorted(self.engine.codec.eos_token_ids))
+            compiled = self._compiled.get(key)
+            if compiled is None:
+                compiled = self._grammars.compile(spec)
+                if len(self._compiled) >= 64:
+                    self._compiled.pop(next(iter(self._compiled)))
+                self._compiled[key] = compiled
+        return compiled
+
+    def observe_params(self, n: int, max_tokens: int) -> None:
+        """Record one generating request's ``n`` and ``max_tokens`` in the metrics."""
+        self.metrics.observe_params(n, max_tokens)
+
+    def metrics_text(self) -> str:
+        """``/metrics`` exposition text."""
+        return self.metrics.render()
+
     # --- request log -----------------------------------------------------------------------------
 
     def record(self, method: str, path: str, body: Any) -> None:
@@ -258,11 +309,19 @@ class LocalServer:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> LocalServer:
-        """Serve in a daemon thread; returns self."""
+        """Serve in a daemon thread; returns self once the server accepts connections."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+            import uvicorn
+
+            config = uvicorn.Config(_app(self), log_level="warning", access_log=False, log_config=None,
+                                    timeout_graceful_shutdown=1, lifespan="off")
+            self._uvicorn = uvicorn.Server(config)
+            self._socket.listen(128)
+            self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._socket]},
                                             name=f"agentkv-serve-{self.port}", daemon=True)
             self._thread.start()
+            while not self._uvicorn.started and self._thread.is_alive():
+                time.sleep(0.01)
             _RUNNING[self.base_url] = self.engine
             emit("local.server.started", model_id=self.model_id, base_url=self.base_url,
                  max_model_len=self.max_model_len)
@@ -272,11 +331,16 @@ class LocalServer:
         """Stop accepting requests, close open connections, join the serving thread, release the port."""
         _RUNNING.pop(self.base_url, None)
         if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
+            self._uvicorn.should_exit = True
+            self._thread.join(timeout=10)
+            if self._thread.is_alive():
+                self._uvicorn.force_exit = True
+                self._thread.join()
             self._thread = None
-        self._httpd.close_connections()
-        self._httpd.server_close()
+        self._socket.close()
+        self.metrics.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.parse_pool.shutdown(wait=False, cancel_futures=True)
         emit("local.server.stopped", model_id=self.model_id, port=self.port)
 
     def __enter__(self) -> LocalServer:
