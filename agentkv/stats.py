@@ -14,6 +14,7 @@ COUNTERS = (
     "warm_skipped_saturated", "warm_failed", "warm_completed", "escalations_after_warm",
     "cached_tokens_total", "cached_tokens_on_escalation", "mapped_tokens", "handoff_fallbacks",
     "catalog_refusals", "warm_prefix_broken", "observed_requests", "failovers",
+    "cached_tokens_unknown",
 )
 
 

@@ -295,3 +295,19 @@ def _no_retry():
     from agentkv import RetryPolicy
 
     return RetryPolicy(attempts=1)
+
+
+def test_a_response_without_prompt_token_details_is_unknown_not_zero():
+    """vLLM without --enable-prompt-tokens-details: cached tokens are unknown (None, counted), not 0."""
+
+    class Bare(Answers):
+        def _answer(self, kwargs):
+            response = super()._answer(kwargs)
+            del response["usage"]["prompt_tokens_details"]
+            return response
+
+    http = discovered()
+    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=Bare(), count_with_server=False)
+    s.completion(messages=HI, max_tokens=8)
+    assert s.ledger[-1].cached_tokens is None
+    assert s.stats()["cached_tokens_unknown"] == 1 and s.stats()["cached_tokens_total"] == 0

@@ -56,7 +56,7 @@ class Recorder:
         if not 0 <= index < len(self.ledger):
             raise ValueError(f"no ledger turn {turn}; the ledger has {len(self.ledger)} turns")
         self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
-        self.stats.add("cached_tokens_total", cached_tokens or 0)
+        self._count_cached(cached_tokens)
 
     def _append(self, count: TokenCount, backend: str, reason: str, warm: str) -> LedgerEntry:
         entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
@@ -65,9 +65,17 @@ class Recorder:
         return entry
 
     def _cached(self, entry: LedgerEntry, cached: int | None, escalation: bool) -> None:
-        self.stats.add("cached_tokens_total", cached or 0)
+        self._count_cached(cached)
         index = entry.turn - 1
         if index < len(self.ledger) and self.ledger[index] is entry:
             self.ledger[index] = replace(entry, cached_tokens=cached)
-        if escalation:
-            self.stats.add("cached_tokens_on_escalation", cached or 0)
+        if escalation and cached is not None:
+            self.stats.add("cached_tokens_on_escalation", cached)
+
+    def _count_cached(self, cached: int | None) -> None:
+        """A response without ``prompt_tokens_details`` (vLLM without ``--enable-prompt-tokens-details``)
+        is counted as unknown, never as 0 cached tokens."""
+        if cached is None:
+            self.stats.add("cached_tokens_unknown")
+        else:
+            self.stats.add("cached_tokens_total", cached)
