@@ -208,7 +208,7 @@ def tokenizer_info(served: Served, body: Any, reply: Reply) -> Reply:
 
 
 def _default_template() -> str:
-    from agentkv.templates import CHATML_TOOLS_TEMPLATE
+    from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE
 
     return CHATML_TOOLS_TEMPLATE
 
