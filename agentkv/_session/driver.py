@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping
 
-from agentkv import _env
+import agentkv._env as _env
 from agentkv._http import HttpTransport
 from agentkv._session.attempts import Attempt, Observation, warm_kwargs
 from agentkv._session.escalation import Handoff, acheck_warm_prefix, check_warm_prefix, prefix_report

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agentkv import _env
+import agentkv._env as _env
 from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.protocols import SessionLike
