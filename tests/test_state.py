@@ -89,7 +89,7 @@ def test_a_correction_one_replica_writes_is_read_by_another(store, redis_url):
     assert other.read_window("short") == SharedWindow()
 
 
-def test_a_store_that_cannot_reach_redis_fails_fast_then_reconnects_by_itself():
+def test_a_store_that_cannot_reach_redis_fails_fast_then_reconnects_by_itself(redis_url):
     """Nothing listening: StateUnavailable within the timeout, fast while backing off; a server appears: it works."""
     from agentkv.testing import _free_port
 
