@@ -239,3 +239,36 @@ async def test_the_async_driver_uses_the_asyncio_client_only(store):
     assert store.read_window(f"{FAST}|hosted_vllm/fast-m").correction == 1200  # written through asyncio
     assert spies["execute_command"].on_loop  # the spy itself sees a sync call made on the loop
     assert store.client.zcard(store.keys.leases()) == 0
+
+
+@pytest.fixture
+def black_hole():
+    """A port that accepts TCP connections and never answers: a Redis that is hung, not down."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    sock.close()
+
+
+async def test_a_hung_redis_times_out_on_both_clients_and_then_fails_fast(black_hole):
+    """A store that never answers raises StateUnavailable on the sync and asyncio paths, then backs off without I/O."""
+    store = RedisStore.from_url(black_hole, namespace="hung", retry_s=60)
+    with pytest.raises(StateUnavailable):
+        await store.aclaim(claim())
+    calls = []
+    store.client.execute_command = lambda *a, **k: calls.append(a)  # backing off: no call reaches the client
+    with pytest.raises(StateUnavailable):
+        store.claim(claim())
+    assert calls == []
+
+
+def test_a_hung_redis_leaves_the_request_answered_and_the_warm_skipped(black_hole):
+    """With Redis hung, the request is answered, its warm counted as skipped, and the window read from /models."""
+    store = RedisStore.from_url(black_hole, namespace="hung")
+    s = make_session(store, FakeHttp(models), Answers())
+    s.completion(messages=big_messages(), max_tokens=8)
+    assert s.stats()["warm_skipped_state_unavailable"] == 1 and s.stats()["requests"] == {"fast": 1}
+    assert s.ledger[-1].backend == "fast"
