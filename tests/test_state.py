@@ -22,7 +22,7 @@ def claim(session="s", tenant="t", *, limit=4, lease_s=30.0, cooldown_s=300.0, m
 @pytest.fixture
 def store(redis_url):
     """A RedisStore on its own namespace, so tests never see each other's keys."""
-    s = RedisStore.from_url(redis_url, namespace=uuid.uuid4().hex, timeout_s=0.5)
+    s = RedisStore.from_url(redis_url, namespace=uuid.uuid4().hex, timeout_s=2.0)
     yield s
     s.close()
 

@@ -100,7 +100,7 @@ class Fleet:
 def fleet(redis_url):
     server, namespace = ModelServer(), uuid.uuid4().hex
     fleet = Fleet(redis_url, namespace, server.url)
-    yield fleet, server, RedisStore.from_url(redis_url, namespace=namespace, timeout_s=0.5)
+    yield fleet, server, RedisStore.from_url(redis_url, namespace=namespace, timeout_s=2.0)
     fleet.close()
     server.close()
 
