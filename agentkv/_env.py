@@ -5,6 +5,8 @@ Variables:
 - ``AGENTKV_WARM_AHEAD``: ``0``/``false``/``off`` disables warm-ahead without a restart.
 - ``AGENTKV_CACHE_SALT_SECRET``: the secret that per-tenant ``cache_salt`` values are derived from
   when a Session is not given one explicitly.
+- ``AGENTKV_REDIS_URL``: a ``redis://`` URL; Sessions not given a ``state=`` then share their
+  warm-ahead guards and discovered windows through that Redis (see ``docs/replicas.md``).
 - ``AGENTKV_LOG_PROMPTS``: ``1`` lets debug events carry prompt text (off by default; events carry
   sizes and hashes only).
 - ``TIKTOKEN_CACHE_DIR``: when unset, pointed at the encodings litellm ships, so tiktoken never
@@ -43,6 +45,11 @@ def log_prompts() -> bool:
 def cache_salt_secret() -> str | None:
     """The configured salt secret, or None."""
     return os.environ.get("AGENTKV_CACHE_SALT_SECRET") or None
+
+
+def redis_url() -> str | None:
+    """The shared state store's URL (``AGENTKV_REDIS_URL``), or None: read on every call."""
+    return (os.environ.get("AGENTKV_REDIS_URL") or "").strip() or None
 
 
 def litellm_tokenizer_dir() -> Path | None:

@@ -5,6 +5,11 @@ keyed by ``(api_base, model)``) so that a swap slot which loads another model is
 ``GET /models`` is remembered only briefly (seconds, backing off), never over a success; one fetch per
 backend is in flight at a time, sync and async callers alike waiting for it.
 
+With a shared :class:`~agentkv.state.StateStore` (``state=``), the discovered window and every
+correction are also read from and written to the store, so a window one replica learns from an
+overflow is used by every replica on its next request; while the store is unreachable each process
+falls back to its own cache.
+
 Usage::
 
     fast = Backend("hosted_vllm/qwen3-8b", api_base="http://127.0.0.1:8001/v1")
@@ -26,6 +31,8 @@ from agentkv._defaults import process_default, shared
 from agentkv._http import HttpError, HttpTransport, default_http
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
+from agentkv.state.memory import InProcessStore
+from agentkv.state.protocol import SharedWindow, StateStore, StateUnavailable
 
 DEFAULT_WINDOW_TTL_S = 900.0
 
@@ -201,6 +208,7 @@ class WindowDiscovery:
     HTTP seam (:func:`agentkv._http.default_http` unless given). A failure is retried after
     ``retry_s`` seconds, doubling per failure in a row up to ``max_retry_s``; meanwhile the last
     good answer (if any) stands. Failures are logged once per episode and never raised.
+    ``state`` shares windows and corrections across replicas (None: this process only).
     """
 
     def __init__(
@@ -213,6 +221,7 @@ class WindowDiscovery:
         maxsize: int = 1024,
         retry_s: float = 2.0,
         max_retry_s: float = 60.0,
+        state: StateStore | None = None,
     ) -> None:
         self._cache: TTLCache[tuple[str, str], ServerInfo] = TTLCache(maxsize, ttl_s, timer=timer)
         self._last_good: dict[tuple[str, str], ServerInfo] = {}
@@ -225,22 +234,28 @@ class WindowDiscovery:
         self._http = http or default_http()
         self._timeout_s = timeout_s
         self._retry = (retry_s, max_retry_s)
+        self._state, self._ttl_s = state, ttl_s
+        self._publishing: set[asyncio.Task[None]] = set()
 
     # --------------------------------------------------------------- answers (sync and async twins)
     def window(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
         """The backend's window (declared, corrected, server, then litellm's catalog) and, unless
         ``model_known=False``, whether its model is known; may ``GET /models`` (cached) and, for cloud
         models, import litellm."""
-        info = self.server_info(backend) if _needs_server(backend, model_known) else None
+        shared = self._read_shared(backend, model_known)
+        info = _shared_info(shared) or (self.server_info(backend) if _needs_server(backend, model_known) else None)
         catalog = catalog_window(backend.model) if _needs_catalog(backend, info, model_known) else None
-        return self._resolve(backend, info, catalog)
+        return self._resolve(backend, info, catalog, shared)
 
     async def awindow(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
         """:meth:`window` for async callers: HTTP is awaited, litellm's import runs on a worker thread."""
-        info = await self.aserver_info(backend) if _needs_server(backend, model_known) else None
+        shared = await self._aread_shared(backend, model_known)
+        info = _shared_info(shared)
+        if info is None and _needs_server(backend, model_known):
+            info = await self.aserver_info(backend)
         needed = _needs_catalog(backend, info, model_known)
         catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
-        return self._resolve(backend, info, catalog)
+        return self._resolve(backend, info, catalog, shared)
 
     def served_model_known(self, backend: Backend) -> bool:
         """True only when the server lists the configured model (cloud backends: the catalog knows it)."""
@@ -251,7 +266,10 @@ class WindowDiscovery:
         action, key, flight = self._next(backend)
         if action == "fetch":
             try:
-                self._landed(key, backend, self._fetch(backend))
+                result = self._fetch(backend)
+                self._landed(key, backend, result)
+                if isinstance(result, ServerInfo):
+                    self._publish(backend, SharedWindow(result.window, result.model_listed))
             finally:
                 self._release(key, flight)
         elif action == "wait":
@@ -263,7 +281,10 @@ class WindowDiscovery:
         action, key, flight = self._next(backend)
         if action == "fetch":
             try:
-                self._landed(key, backend, await self._afetch(backend))
+                result = await self._afetch(backend)
+                self._landed(key, backend, result)
+                if isinstance(result, ServerInfo):
+                    await self._apublish(backend, SharedWindow(result.window, result.model_listed))
             finally:
                 self._release(key, flight)
         elif action == "wait":
@@ -283,6 +304,48 @@ class WindowDiscovery:
                 return
             self._corrections[key] = window
         emit("window_stale", level="warning", backend=backend.label, cached=known, server=window)
+        self._publish(backend, SharedWindow(correction=window))
+
+    # --------------------------------------------------------------- the shared store (if any)
+    def _read_shared(self, backend: Backend, model_known: bool) -> SharedWindow | None:
+        if self._state is None or not _shares(backend, model_known):
+            return None
+        try:
+            return self._state.read_window(_store_key(backend))
+        except StateUnavailable:
+            return None  # this process's own cache answers
+
+    async def _aread_shared(self, backend: Backend, model_known: bool) -> SharedWindow | None:
+        if self._state is None or not _shares(backend, model_known):
+            return None
+        try:
+            return await self._state.aread_window(_store_key(backend))
+        except StateUnavailable:
+            return None
+
+    def _publish(self, backend: Backend, window: SharedWindow) -> None:
+        """Write to the store: directly on a plain thread, as a task on a running event loop."""
+        if self._state is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                self._state.write_window(_store_key(backend), window, self._ttl_s)
+            except StateUnavailable:
+                pass  # the others relearn it; this process has it
+            return
+        task = loop.create_task(self._apublish(backend, window))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    async def _apublish(self, backend: Backend, window: SharedWindow) -> None:
+        if self._state is None:
+            return
+        try:
+            await self._state.awrite_window(_store_key(backend), window, self._ttl_s)
+        except StateUnavailable:
+            pass
 
     def invalidate(self, backend: Backend | None = None) -> None:
         """Forget one backend's cached answers, or all of them."""
@@ -295,13 +358,14 @@ class WindowDiscovery:
                     store.pop(_key(backend), None)
 
     # --------------------------------------------------------------- internals
-    def _resolve(self, backend: Backend, info: ServerInfo | None, catalog: int | None) -> WindowInfo:
+    def _resolve(self, backend: Backend, info: ServerInfo | None, catalog: int | None,
+                 shared: SharedWindow | None = None) -> WindowInfo:
         known = (catalog is not None) if backend.is_cloud else (info.model_listed if info else None)
         if backend.window is not None:
             return WindowInfo(backend.window, "declared", known)
         key = _key(backend)
         with self._lock:
-            corrected = self._corrections.get(key)
+            corrected = (shared.correction if shared else None) or self._corrections.get(key)
         if corrected is not None:
             return WindowInfo(corrected, "corrected", known)
         if info is not None and info.window is not None:
@@ -396,6 +460,21 @@ def _needs_catalog(backend: Backend, info: ServerInfo | None, model_known: bool)
     return backend.is_cloud or info is None or info.window is None
 
 
+def _shares(backend: Backend, model_known: bool) -> bool:
+    """Whether the store can add anything: a window to discover or correct, or a listing to read."""
+    return backend.window is None or (model_known and backend.api_base is not None)
+
+
+def _shared_info(shared: SharedWindow | None) -> ServerInfo | None:
+    if shared is None or shared.model_listed is None:
+        return None
+    return ServerInfo(shared.window, frozenset(), shared.model_listed)
+
+
+def _store_key(backend: Backend) -> str:
+    return f"{backend.api_base or ''}|{backend.model}"
+
+
 def _models_url(backend: Backend) -> str:
     return f"{(backend.api_base or '').rstrip('/')}/models"
 
@@ -406,3 +485,10 @@ def _key(backend: Backend) -> tuple[str, str]:
 
 default_discovery = process_default(
     WindowDiscovery, "The process-wide discovery cache that Sessions share unless given their own.")
+
+
+def discovery_for(state: StateStore) -> WindowDiscovery:
+    """The process's discovery for ``state``: the default one, or one sharing windows through it."""
+    if isinstance(state, InProcessStore):
+        return default_discovery()
+    return shared(("discovery", state), lambda: WindowDiscovery(state=state))

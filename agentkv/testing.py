@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, MutableMapping
 from agentkv._http import HttpError
 
 __all__ = ["FakeClock", "FakeHttp", "HttpCall", "ScriptedReplies", "capture_events", "embedded_servers",
-           "models_answer"]
+           "models_answer", "redis_server"]
 
 
 class FakeClock:
@@ -204,3 +204,45 @@ class ScriptedReplies:
 
     async def acompletion(self, **kwargs: Any) -> Any:
         return self._replace(await self.litellm.acompletion(**kwargs), kwargs)
+
+
+@contextlib.contextmanager
+def redis_server(port: int | None = None, *, binary: str = "redis-server", ready_s: float = 10.0) -> Iterator[str]:
+    """A throwaway ``redis-server`` on 127.0.0.1 (no persistence) for the length of a ``with``; yields its URL.
+
+        with redis_server() as url:
+            Session(fast, slow, state=RedisStore.from_url(url))
+
+    Raises ``RuntimeError`` when the binary is missing or the server does not answer in ``ready_s``.
+    """
+    import shutil
+    import socket
+    import subprocess
+
+    if shutil.which(binary) is None:
+        raise RuntimeError(f"{binary} is not installed (Debian: apt-get install redis-server)")
+    port = port or _free_port()
+    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{binary} did not start on port {port}") from None
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

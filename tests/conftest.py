@@ -44,3 +44,21 @@ def fresh(servers):
 def chat_requests(server):
     """Bodies of the chat-completion requests a server received."""
     return [r.body for r in server.requests if r.path == "/v1/chat/completions"]
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """A real redis-server on a free loopback port for the whole run; in CI (CI=true) failing to start it fails."""
+    from agentkv.testing import redis_server
+
+    try:
+        server = redis_server()
+        url = server.__enter__()
+    except RuntimeError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI needs a real redis-server: {exc}")
+        pytest.skip(f"no redis-server here: {exc}")
+    try:
+        yield url
+    finally:
+        server.__exit__(None, None, None)

@@ -142,8 +142,7 @@ def test_policy_settings_shape_the_shared_guards():
 
     policy = WarmAheadPolicy(cooldown_s=0.5, max_sessions=7, max_in_flight=1)
     s = Session(Backend("a"), Backend("b"), warm_ahead=policy, tenant="t")
-    assert s._warm._cooldowns._map is shared_cooldowns(7, 0.5)
-    assert s._warm._in_flight is shared_in_flight(1)
+    assert s.state._guards(s._warm._claim()) == (shared_cooldowns(7, 0.5), shared_in_flight(1))
     assert shared_cooldowns(7, 0.5)._entries.maxsize == 7 and shared_cooldowns(7, 0.5)._entries.ttl == 0.5
     slot = shared_in_flight(1)
     assert slot.try_acquire() and not slot.try_acquire()

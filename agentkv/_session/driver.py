@@ -24,7 +24,7 @@ from agentkv._http import HttpTransport
 from agentkv._session.attempts import Attempt, Observation, warm_kwargs
 from agentkv._session.escalation import Handoff, acheck_warm_prefix, check_warm_prefix, prefix_report
 from agentkv._session.record import Recorder
-from agentkv.backends import Backend, WindowDiscovery, WindowInfo, default_discovery
+from agentkv.backends import Backend, WindowDiscovery, WindowInfo, discovery_for
 from agentkv.errors import ConfigurationError, ContextOverflowError
 from agentkv.events import emit, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
@@ -38,7 +38,9 @@ from agentkv.routing import (
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import resolve_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
-from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy, shared_cooldowns, shared_in_flight
+from agentkv.state import StateStore
+from agentkv.state.config import resolve_state
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 from agentkv.warm.sender import BackgroundJobs, WarmAhead
 
 
@@ -60,7 +62,9 @@ class Session:
     ``fast`` answers while the conversation fits its window; ``slow`` takes what it cannot hold.
     ``client`` is anything with litellm's ``completion``/``acompletion`` (litellm itself by default,
     imported on first use and never on an event loop);
-    ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances; ``http``
+    ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances; ``state``
+    (a :class:`~agentkv.state.StateStore`, e.g. ``RedisStore.from_url(url)``; ``AGENTKV_REDIS_URL``
+    when not given) shares the warm-ahead guards and discovered windows across replicas; ``http``
     is the HTTP seam the Session's own counters use (``/tokenize``).
     ``cache_salt`` is sent as ``extra_body.cache_salt`` to self-hosted backends; when it is not given
     and the Session has a tenant, it is derived as HMAC(``cache_salt_secret``, tenant) (the secret
@@ -83,6 +87,7 @@ class Session:
         discovery: WindowDiscovery | None = None,
         cooldowns: CooldownMap | None = None,
         in_flight: InFlightLimit | None = None,
+        state: StateStore | None = None,
         cache_salt: str | bool | None = None,
         cache_salt_secret: str | None = None,
         request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,
@@ -98,7 +103,8 @@ class Session:
         self.tenant = tenant
         self.session_id = session_id or str(uuid.uuid4())
         self.routing, self.warm_ahead, self.retry = routing, warm_ahead, retry
-        self.discovery = discovery or default_discovery()
+        self.state = resolve_state(state, cooldowns, in_flight)
+        self.discovery = discovery or discovery_for(self.state)
         self.cache_salt = resolve_cache_salt(tenant, cache_salt, cache_salt_secret or _env.cache_salt_secret(),
                                              self_hosted=any(b.api_base for b in self._backends()))
         self.request_timeout_s = _check_timeout(request_timeout_s)
@@ -111,10 +117,8 @@ class Session:
         self.last_route: RouteDecision | None = None
         self._history: list[Payload] = []
         self._jobs = BackgroundJobs()
-        cooldowns = cooldowns or shared_cooldowns(warm_ahead.max_sessions, warm_ahead.cooldown_s)
-        self._warm = WarmAhead(warm_ahead, cooldowns.for_tenant(tenant),
-                               in_flight or shared_in_flight(warm_ahead.max_in_flight), self._stats, self._jobs,
-                               session_id=self.session_id, tenant=tenant)
+        self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
+                               tenant=tenant)
         self._record = Recorder(self._stats)
         self.closed = False
 
@@ -167,7 +171,7 @@ class Session:
         payload = self._open_request(kwargs)
         facts = await self._afacts()
         attempt = self._plan(kwargs, payload, await self._counter(self.fast).acount(payload), facts)
-        self._maybe_warm(attempt, facts, asynchronous=True)
+        await self._amaybe_warm(attempt, facts)
         while True:
             if self._needs_handoff(attempt):
                 await asyncio.to_thread(self._handoff, attempt)  # torch work, off the event loop
@@ -205,14 +209,18 @@ class Session:
         role = self._sent_to(sent_to)
         payload = self._open_request(kwargs)
         facts = self._facts()
-        return self._observed(kwargs, payload, self._counter(self.fast).count(payload), facts, role, False)
+        attempt, decision = self._observed(kwargs, payload, self._counter(self.fast).count(payload), facts, role)
+        self._maybe_warm(attempt, facts, asynchronous=False)
+        return self._observation(attempt, decision, facts)
 
     async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
         """The async twin of :meth:`observe` (warms run as tasks)."""
         role = self._sent_to(sent_to)
         payload = self._open_request(kwargs)
         facts = await self._afacts()
-        return self._observed(kwargs, payload, await self._counter(self.fast).acount(payload), facts, role, True)
+        attempt, decision = self._observed(kwargs, payload, await self._counter(self.fast).acount(payload), facts, role)
+        await self._amaybe_warm(attempt, facts)
+        return self._observation(attempt, decision, facts)
 
     def route(self, **kwargs: Any) -> RouteDecision:
         """The route this Session would choose for a request, sending and recording nothing.
@@ -343,17 +351,19 @@ class Session:
                        timeout_s=self.request_timeout_s)
 
     def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts,
-                  role: Literal["fast", "slow"], asynchronous: bool) -> Observation:
+                  role: Literal["fast", "slow"]) -> tuple[Attempt, RouteDecision | None]:
         try:
             decision: RouteDecision | None = self._decide(kwargs, count, facts)
         except ContextOverflowError:
             decision = None
         target = facts.fast if role == "fast" else facts.slow
         sent = as_sent(target, role, input_tokens=count.total, max_tokens=_max_tokens(kwargs), count_source=count.source)
-        attempt = Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt)
-        self._maybe_warm(attempt, facts, asynchronous)
-        entry = self._record.observed(count, target.name, attempt.warm)
-        return Observation(entry.turn, count, decision, facts.fast.window, attempt.warm, facts.slow.window)
+        return Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt), decision
+
+    def _observation(self, attempt: Attempt, decision: RouteDecision | None, facts: Facts) -> Observation:
+        target = facts.fast if attempt.decision.role == "fast" else facts.slow
+        entry = self._record.observed(attempt.count, target.name, attempt.warm)
+        return Observation(entry.turn, attempt.count, decision, facts.fast.window, attempt.warm, facts.slow.window)
 
     def _log_route(self, decision: RouteDecision, count: TokenCount) -> None:
         self.last_route = decision
@@ -450,13 +460,23 @@ class Session:
 
     # ----------------------------------------------------------------- warm-ahead
     def _maybe_warm(self, attempt: Attempt, facts: Facts, asynchronous: bool) -> None:
-        if self.slow is None:
-            return
-        attempt.warm = self._warm.consider(
-            attempt.payload, estimated_tokens=attempt.count.total, fast_window=facts.fast.window,
-            routed_role=attempt.decision.role, model_known=facts.slow_model_known, enabled=_env.warm_ahead_enabled(),
-        )
-        if attempt.warm != "fire":
+        if self.slow is not None:
+            attempt.warm = self._warm.consider(attempt.payload, **self._warm_inputs(attempt, facts))
+            self._send_warm(attempt, asynchronous)
+
+    async def _amaybe_warm(self, attempt: Attempt, facts: Facts) -> None:
+        """The async twin of :meth:`_maybe_warm`: the shared store's claim is awaited."""
+        if self.slow is not None:
+            attempt.warm = await self._warm.aconsider(attempt.payload, **self._warm_inputs(attempt, facts))
+            self._send_warm(attempt, asynchronous=True)
+
+    def _warm_inputs(self, attempt: Attempt, facts: Facts) -> dict[str, Any]:
+        return dict(estimated_tokens=attempt.count.total, fast_window=facts.fast.window,
+                    routed_role=attempt.decision.role, model_known=facts.slow_model_known,
+                    enabled=_env.warm_ahead_enabled())
+
+    def _send_warm(self, attempt: Attempt, asynchronous: bool) -> None:
+        if attempt.warm != "fire" or self.slow is None:
             return
         try:
             call = warm_kwargs(self.slow, attempt.kwargs, self.cache_salt, self.warm_ahead.timeout_s)

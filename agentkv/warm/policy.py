@@ -11,7 +11,8 @@ from typing import Literal
 from agentkv.errors import ConfigurationError, check_positive_int
 
 WarmOutcome = Literal[
-    "fire", "below_threshold", "disabled", "routed_slow", "unknown_model", "no_window", "cooldown", "saturated"
+    "fire", "below_threshold", "disabled", "routed_slow", "unknown_model", "no_window", "cooldown", "saturated",
+    "state_unavailable",
 ]
 
 

@@ -1,7 +1,8 @@
 """Sending warm-ahead requests: one Session's guards in order, then a daemon thread or an asyncio task.
 
 The decision is :func:`agentkv.warm.policy.decide_warm` (pure); :class:`WarmAhead` adds the stateful
-guards (tenant-scoped cooldown, process-wide in-flight bound), counts every outcome, and sends the
+guards (tenant-scoped cooldown, in-flight bound) through a :class:`~agentkv.state.StateStore` (one
+process's, or a fleet's through Redis: unreachable, the warm is skipped), counts every outcome, and sends the
 one-token request without ever blocking or raising into the caller. It is handed data (the request,
 the client), never callbacks into the Session.
 
@@ -22,12 +23,12 @@ from agentkv._defaults import process_default
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
-from agentkv.warm.guards import InFlightLimit, TenantCooldowns
+from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
 from agentkv.warm.policy import WarmAheadPolicy, decide_warm
 
 __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
 
-_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated")
+_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable")
 _Job = Callable[[], Any]
 
 
@@ -110,46 +111,86 @@ class BackgroundJobs:
 
 
 class WarmAhead:
-    """Warm-ahead for one (tenant, session): ``consider`` decides and claims, ``send``/``asend`` go out."""
+    """Warm-ahead for one (tenant, session): ``consider``/``aconsider`` decide and claim through the
+    :class:`~agentkv.state.StateStore`, ``send``/``asend`` go out and give the lease back."""
 
-    def __init__(self, policy: WarmAheadPolicy, cooldowns: TenantCooldowns, in_flight: InFlightLimit,
-                 stats: SessionStats, jobs: BackgroundJobs, *, session_id: str, tenant: str | None) -> None:
+    def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats, jobs: BackgroundJobs,
+                 *, session_id: str, tenant: str | None) -> None:
         self.policy = policy
-        self._cooldowns, self._in_flight, self._stats, self._jobs = cooldowns, in_flight, stats, jobs
+        self._store, self._stats, self._jobs = store, stats, jobs
         self._session_id, self._tenant = session_id, tenant
+        self._lease: Lease | None = None
         self.warmed: Payload | None = None
 
-    def consider(self, payload: Payload, *, estimated_tokens: int, fast_window: int | None, routed_role: str,
-                 model_known: bool, enabled: bool) -> str:
-        """The outcome for this request ("fire" or why not), counted; a "fire" has claimed its slot."""
-        decision = decide_warm(estimated_tokens=estimated_tokens, fast_window=fast_window, routed_role=routed_role,
-                               enabled=enabled, model_known=model_known, policy=self.policy)
-        outcome = self._claim() if decision.fire else decision.outcome
+    def consider(self, payload: Payload, **inputs: Any) -> str:
+        """The outcome for this request ("fire" or why not), counted; a "fire" holds a lease.
+
+        ``inputs``: :func:`~agentkv.warm.policy.decide_warm`'s keywords less ``policy``."""
+        decision = decide_warm(policy=self.policy, **inputs)
+        if not decision.fire:
+            return self._counted(decision.outcome, payload, inputs)
+        outcome: str
+        try:
+            outcome, self._lease = self._store.claim(self._claim())
+        except StateUnavailable:
+            outcome = "state_unavailable"
+        return self._counted(outcome, payload, inputs)
+
+    async def aconsider(self, payload: Payload, **inputs: Any) -> str:
+        """The async twin of :meth:`consider`: the claim is awaited (an asyncio client, never a sync call)."""
+        decision = decide_warm(policy=self.policy, **inputs)
+        if not decision.fire:
+            return self._counted(decision.outcome, payload, inputs)
+        outcome: str
+        try:
+            outcome, self._lease = await self._store.aclaim(self._claim())
+        except StateUnavailable:
+            outcome = "state_unavailable"
+        return self._counted(outcome, payload, inputs)
+
+    def _claim(self) -> WarmClaim:
+        p = self.policy
+        return WarmClaim(self._tenant or "", self._session_id, p.cooldown_s, p.max_sessions, p.max_in_flight,
+                         lease_s=p.timeout_s + 1.0)
+
+    def _counted(self, outcome: str, payload: Payload, inputs: dict[str, Any]) -> str:
         if outcome in _COUNTED_SKIPS:
             self._stats.add(f"warm_skipped_{outcome}")
         if outcome == "fire":
             self._stats.add("warm_fired")
             self.warmed = payload
-            emit("warm_fired", estimate=estimated_tokens, session=self._session_id, tenant=self._tenant)
+            emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
         return outcome
 
-    def _claim(self) -> str:
-        if self._cooldowns.active(self._session_id):
-            return "cooldown"
-        if not self._in_flight.try_acquire():
-            return "saturated"
-        if not self._cooldowns.claim(self._session_id):
-            self._in_flight.release()
-            return "cooldown"
-        return "fire"
+    def _take_lease(self) -> Lease | None:
+        lease, self._lease = self._lease, None
+        return lease
 
     def abandon(self, exc: BaseException) -> None:
         """A claimed warm that could not be built: free its slot and count the failure."""
-        self._in_flight.release()
+        self._release(self._take_lease())
         self._failed(exc)
+
+    def _release(self, lease: Lease | None) -> None:
+        if lease is None:
+            return
+        try:
+            self._store.release(lease)
+        except StateUnavailable:
+            pass  # the lease expires on its own
+
+    async def _arelease(self, lease: Lease | None) -> None:
+        if lease is None:
+            return
+        try:
+            await self._store.arelease(lease)
+        except StateUnavailable:
+            pass  # the lease expires on its own
 
     def send(self, call: dict[str, Any], client: Any) -> None:
         """Send ``call`` through ``client.completion`` on a daemon worker thread."""
+        lease = self._take_lease()
+
         def job() -> None:
             try:
                 client.completion(**call)
@@ -157,12 +198,14 @@ class WarmAhead:
             except Exception as exc:  # a warm never raises into anyone
                 self._failed(exc)
             finally:
-                self._in_flight.release()
+                self._release(lease)
 
         self._jobs.thread(job)
 
     def asend(self, call: dict[str, Any], client: Any) -> None:
         """Send ``call`` through ``client.acompletion`` as a task bounded by the policy's timeout."""
+        lease = self._take_lease()
+
         async def job() -> None:
             try:
                 await client.acompletion(**call)
@@ -170,7 +213,7 @@ class WarmAhead:
             except Exception as exc:  # a warm never raises into anyone
                 self._failed(exc)
             finally:
-                self._in_flight.release()
+                await self._arelease(lease)
 
         self._jobs.task(job(), self.policy.timeout_s + 1.0)
 

@@ -1,0 +1,23 @@
+"""State that many orchestrator replicas share: warm-ahead cooldowns and leases, discovered windows.
+
+- :mod:`agentkv.state.protocol`: the :class:`StateStore` Protocol and its value types;
+- :mod:`agentkv.state.memory`: :class:`InProcessStore`, one process's guards (the default);
+- :mod:`agentkv.state.redis`: :class:`RedisStore`, the same guards for a fleet, through Redis.
+
+    Session(fast, slow, state=RedisStore.from_url("redis://cache:6379/0", namespace="prod"))
+
+See ``docs/replicas.md`` for the failure policy and the key layout.
+"""
+
+from agentkv.state.memory import InProcessStore
+from agentkv.state.protocol import Lease, SharedWindow, StateStore, StateUnavailable, WarmClaim
+
+__all__ = ["InProcessStore", "Lease", "RedisStore", "SharedWindow", "StateStore", "StateUnavailable", "WarmClaim"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "RedisStore":  # redis-py is imported only by those who use it
+        from agentkv.state.redis import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module 'agentkv.state' has no attribute {name!r}")

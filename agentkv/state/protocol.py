@@ -1,0 +1,81 @@
+"""What replicas must share, as a Protocol: one atomic warm claim, its release, and shared windows.
+
+A warm claim is one step, not three: "is this (tenant, session) cooling down? is a slot free? then
+take both" must not interleave with another replica's claim, so a store does it atomically (a lock
+in process, a Lua script in Redis). Every method may raise :class:`StateUnavailable`; callers then
+skip the warm (better no warm than an unguarded one) or fall back to their own cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+ClaimOutcome = Literal["fire", "cooldown", "saturated"]
+
+
+class StateUnavailable(Exception):
+    """The shared store did not answer in time (down, slow, or backing off after a failure)."""
+
+
+@dataclass(frozen=True)
+class WarmClaim:
+    """One warm's claim: a cooldown for (tenant, session) and a lease on one of ``limit`` slots.
+
+    ``max_sessions`` bounds the tenant's cooldown map (the oldest entry is evicted); a lease expires
+    after ``lease_s`` even if its holder dies, so a dead replica never leaks its slot.
+    """
+
+    tenant: str
+    session_id: str
+    cooldown_s: float
+    max_sessions: int
+    limit: int
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted slot, handed back to :meth:`StateStore.release`."""
+
+    token: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class SharedWindow:
+    """What the store knows of one backend: the window ``/models`` reported (and whether it listed the
+    model), and a correction learned from an overflow; each None when absent or expired."""
+
+    window: int | None = None
+    model_listed: bool | None = None
+    correction: int | None = None
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Shared guards and windows. Sync methods for sync drivers; ``a``-twins never block the loop."""
+
+    def claim(self, claim: WarmClaim) -> tuple[ClaimOutcome, Lease | None]:
+        """Atomically: "cooldown" if running, else "saturated" if no slot, else "fire" with a lease."""
+        ...
+
+    async def aclaim(self, claim: WarmClaim) -> tuple[ClaimOutcome, Lease | None]: ...
+
+    def release(self, lease: Lease) -> None:
+        """Give a slot back (an expired lease is already gone: no error)."""
+        ...
+
+    async def arelease(self, lease: Lease) -> None: ...
+
+    def read_window(self, key: str) -> SharedWindow | None:
+        """The shared view of backend ``key``; None when this store shares no windows."""
+        ...
+
+    async def aread_window(self, key: str) -> SharedWindow | None: ...
+
+    def write_window(self, key: str, window: SharedWindow, ttl_s: float) -> None:
+        """Publish the window fields that are set in ``window`` (a correction, a ``/models`` answer)."""
+        ...
+
+    async def awrite_window(self, key: str, window: SharedWindow, ttl_s: float) -> None: ...

@@ -1,0 +1,247 @@
+"""The fleet's store: cooldowns, in-flight leases and windows shared through Redis (redis-py).
+
+Every claim is one Lua script (atomic on the server, one round trip); every key lives under
+``agentkv:{<namespace>}:`` (the braces keep a deployment's keys in one Redis Cluster slot, so the
+script may touch two of them); tenants and sessions appear only as short SHA-256 digests; nothing
+of a prompt is stored. Each call is bounded by ``timeout_s`` (50 ms by default) and, once one has
+failed, calls fail fast (:class:`StateUnavailable`) for ``retry_s`` before the store tries again:
+a Redis that is down or slow costs a request at most one timeout per ``retry_s``.
+
+    store = RedisStore.from_url("redis://cache:6379/0", namespace="prod")
+    Session(fast, slow, state=store)          # or agentkv.configure(state=store), or AGENTKV_REDIS_URL
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Awaitable, Callable, TypeVar
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from agentkv.events import emit
+from agentkv.state.protocol import ClaimOutcome, Lease, SharedWindow, StateUnavailable, WarmClaim
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 0.05
+
+# KEYS: the tenant's cooldown map, the deployment's leases. ARGV: session digest, cooldown ms,
+# max sessions, slot limit, lease token, lease ms. Scores are expiry times on the server's clock.
+CLAIM_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 'cooldown' end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'saturated' end
+local lease_ms = tonumber(ARGV[6])
+redis.call('ZADD', KEYS[2], now + lease_ms, ARGV[5])
+if redis.call('PTTL', KEYS[2]) < lease_ms then redis.call('PEXPIRE', KEYS[2], lease_ms) end
+local cooldown_ms = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + cooldown_ms, ARGV[1])
+local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
+if over > 0 then redis.call('ZPOPMIN', KEYS[1], over) end
+redis.call('PEXPIRE', KEYS[1], cooldown_ms)
+return 'fire'
+"""
+
+
+def digest(value: str) -> str:
+    """The short digest that stands for a tenant, a session or a backend in a key."""
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+class KeyLayout:
+    """Every key a :class:`RedisStore` writes, under one deployment's namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = f"agentkv:{{{namespace}}}"
+
+    def cooldowns(self, tenant: str) -> str:
+        return f"{self.prefix}:cooldown:{digest(tenant)}"
+
+    def leases(self) -> str:
+        return f"{self.prefix}:inflight"
+
+    def window(self, key: str) -> str:
+        return f"{self.prefix}:window:{digest(key)}"
+
+    def correction(self, key: str) -> str:
+        return f"{self.prefix}:correction:{digest(key)}"
+
+
+class _Breaker:
+    """After a failure, calls fail fast for ``retry_s``; then one is let through to try again."""
+
+    def __init__(self, retry_s: float, clock: Callable[[], float]) -> None:
+        self._retry_s, self._clock = retry_s, clock
+        self._open_until: float | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        with self._lock:
+            if self._open_until is not None and self._clock() < self._open_until:
+                raise StateUnavailable("shared state store backing off after a failure")
+
+    def failed(self, exc: BaseException) -> StateUnavailable:
+        with self._lock:
+            first = self._open_until is None
+            self._open_until = self._clock() + self._retry_s
+        emit("state_unavailable", level="warning" if first else "debug", error=type(exc).__name__)
+        return StateUnavailable(type(exc).__name__)
+
+    def succeeded(self) -> None:
+        with self._lock:
+            recovered, self._open_until = self._open_until is not None, None
+        if recovered:
+            emit("state_recovered")
+
+
+_FAILURES = (redis.RedisError, OSError, asyncio.TimeoutError)
+
+
+class RedisStore:
+    """A :class:`~agentkv.state.StateStore` on Redis: a sync client for sync drivers, an asyncio
+    client per event loop for async ones. ``timeout_s`` bounds every call; ``retry_s`` is how long
+    calls fail fast after a failure (then the store reconnects by itself)."""
+
+    def __init__(self, url: str, *, namespace: str = "default", timeout_s: float = DEFAULT_TIMEOUT_S,
+                 retry_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.url, self.namespace, self.timeout_s = url, namespace, timeout_s
+        self.keys = KeyLayout(namespace)
+        options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                                   "decode_responses": True}
+        self._options = options
+        self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+        self._script = self.client.register_script(CLAIM_SCRIPT)
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        self._breaker = _Breaker(retry_s, clock)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> "RedisStore":
+        """A store for ``redis://host:port/db`` (``rediss://`` for TLS); options as in the constructor."""
+        return cls(url, **options)
+
+    # ------------------------------------------------------------------ the two clients
+    def async_client(self) -> Any:
+        """The asyncio client of the running event loop (connections belong to one loop)."""
+        loop = asyncio.get_running_loop()
+        pair = self._async.get(loop)
+        if pair is None:
+            client = aredis.Redis.from_url(self.url, retry=AsyncRetry(NoBackoff(), 0), **self._options)
+            pair = self._async[loop] = (client, client.register_script(CLAIM_SCRIPT))
+        return pair[0]
+
+    def _async_script(self) -> Any:
+        self.async_client()
+        return self._async[asyncio.get_running_loop()][1]
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        self._breaker.check()
+        try:
+            result = fn()
+        except _FAILURES as exc:
+            raise self._breaker.failed(exc) from exc
+        self._breaker.succeeded()
+        return result
+
+    async def _acall(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        self._breaker.check()
+        try:
+            result = await asyncio.wait_for(fn(self.async_client()), self.timeout_s)
+        except _FAILURES as exc:
+            raise self._breaker.failed(exc) from exc
+        self._breaker.succeeded()
+        return result
+
+    # ------------------------------------------------------------------ warm claims
+    def _claim_args(self, claim: WarmClaim) -> tuple[list[str], list[Any], Lease]:
+        lease = Lease(uuid.uuid4().hex, claim.limit)
+        keys = [self.keys.cooldowns(claim.tenant), self.keys.leases()]
+        args = [digest(claim.session_id), _ms(claim.cooldown_s), claim.max_sessions, claim.limit, lease.token,
+                _ms(claim.lease_s)]
+        return keys, args, lease
+
+    def claim(self, claim: WarmClaim) -> tuple[ClaimOutcome, Lease | None]:
+        keys, args, lease = self._claim_args(claim)
+        outcome = self._call(lambda: self._script(keys=keys, args=args))
+        return _granted(outcome, lease)
+
+    async def aclaim(self, claim: WarmClaim) -> tuple[ClaimOutcome, Lease | None]:
+        keys, args, lease = self._claim_args(claim)
+        script = self._async_script()
+        outcome = await self._acall(lambda c: script(keys=keys, args=args))
+        return _granted(outcome, lease)
+
+    def release(self, lease: Lease) -> None:
+        self._call(lambda: self.client.zrem(self.keys.leases(), lease.token))
+
+    async def arelease(self, lease: Lease) -> None:
+        await self._acall(lambda c: c.zrem(self.keys.leases(), lease.token))
+
+    # ------------------------------------------------------------------ windows
+    def read_window(self, key: str) -> SharedWindow | None:
+        return _shared_window(self._call(lambda: self.client.mget(self._window_keys(key))))
+
+    async def aread_window(self, key: str) -> SharedWindow | None:
+        return _shared_window(await self._acall(lambda c: c.mget(self._window_keys(key))))
+
+    def write_window(self, key: str, window: SharedWindow, ttl_s: float) -> None:
+        writes = self._window_writes(key, window, ttl_s)
+        self._call(lambda: _pipelined(self.client.pipeline(transaction=False), writes).execute())
+
+    async def awrite_window(self, key: str, window: SharedWindow, ttl_s: float) -> None:
+        writes = self._window_writes(key, window, ttl_s)
+        await self._acall(lambda c: _pipelined(c.pipeline(transaction=False), writes).execute())
+
+    def _window_keys(self, key: str) -> list[str]:
+        return [self.keys.window(key), self.keys.correction(key)]
+
+    def _window_writes(self, key: str, window: SharedWindow, ttl_s: float) -> list[tuple[str, str, int]]:
+        writes = []
+        if window.window is not None or window.model_listed is not None:
+            listed = "" if window.model_listed is None else str(int(window.model_listed))
+            writes.append((self.keys.window(key), f"{window.window or ''}|{listed}", _ms(ttl_s)))
+        if window.correction is not None:
+            writes.append((self.keys.correction(key), str(window.correction), _ms(ttl_s)))
+        return writes
+
+    def close(self) -> None:
+        """Close the sync client's connections (asyncio clients close with their loops)."""
+        self.client.close()
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _granted(outcome: str, lease: Lease) -> tuple[ClaimOutcome, Lease | None]:
+    if outcome == "fire":
+        return "fire", lease
+    return ("saturated" if outcome == "saturated" else "cooldown"), None
+
+
+def _pipelined(pipe: Any, writes: list[tuple[str, str, int]]) -> Any:
+    for key, value, ttl_ms in writes:
+        pipe.set(key, value, px=ttl_ms)
+    return pipe
+
+
+def _int_or_none(text: str) -> int | None:
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _shared_window(values: list[Any]) -> SharedWindow:
+    info, correction = values
+    window, listed = (info.split("|", 1) if info and "|" in info else ("", ""))
+    return SharedWindow(_int_or_none(window), bool(int(listed)) if listed in ("0", "1") else None,
+                        _int_or_none(correction or ""))
