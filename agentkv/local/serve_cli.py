@@ -27,17 +27,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weight seed for a built model")
     parser.add_argument("--prefill-threads", type=int, default=None,
                         help="torch threads for prefill (default: torch's; 1 avoids oversubscription)")
+    parser.add_argument("--kv-events-config", default=None,
+                        help="vLLM's KV events config as JSON, e.g. "
+                             '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                             '"replay_endpoint": "tcp://*:5558"}\'')
 
 
 def _server(args: argparse.Namespace) -> Any:
+    from agentkv.local.engine import LocalEngine
     from agentkv.local.server import LocalServer
 
-    engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads}
+    engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads,
+                     "model_id": args.served_model_name, "max_model_len": args.window}
     if args.model_path:
-        return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
-                                           port=args.port, **engine_kwargs)
-    return LocalServer.from_size(args.size, window=args.window, model_id=args.served_model_name, port=args.port,
-                                 seed=args.seed, **engine_kwargs)
+        engine = LocalEngine.from_pretrained(args.model_path, **engine_kwargs)
+        root: str | None = str(args.model_path)
+    else:
+        engine, root = LocalEngine.from_size(args.size, seed=args.seed, **engine_kwargs), None
+    return LocalServer(engine, port=args.port, root=root, kv_events_config=args.kv_events_config)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -148,8 +148,9 @@ class LocalServer:
     """vLLM's OpenAI-compatible API for one engine, on 127.0.0.1."""
 
     def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *,
-                 root: str | None = None) -> None:
+                 root: str | None = None, kv_events_config: Any = None) -> None:
         self.engine = engine
+        self.kv_events = engine.prefix_cache.publish_events(kv_events_config)  # vLLM's --kv-events-config
         self.created = int(time.time())
         self.root = root or engine.model_id
         self._requests: list[LoggedRequest] = []
@@ -277,6 +278,7 @@ class LocalServer:
             self._thread = None
         self._httpd.close_connections()
         self._httpd.server_close()
+        self.kv_events.shutdown()
         emit("local.server.stopped", model_id=self.model_id, port=self.port)
 
     def __enter__(self) -> LocalServer:
