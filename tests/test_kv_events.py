@@ -245,3 +245,21 @@ def test_a_gap_is_repaired_through_the_replay_endpoint(server, subscriber):
     assert subscriber.replays >= 1
     salts = {e.extra_keys[0] for e in subscriber.blocks.values() if e.parent_block_hash is None and e.extra_keys}
     assert salts == {("beta",), ("gamma",)}
+
+
+def test_serve_cli_takes_vllms_flag():
+    """`agentkv serve --kv-events-config JSON` builds a server that publishes where the JSON says."""
+    import argparse
+
+    from agentkv.local import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parser.parse_args(["--size", "tiny", "--window", "512", "--port", "0", "--kv-events-config",
+                              '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:*"}'])
+    built = serve_cli._server(args)
+    try:
+        assert built.kv_events.endpoint.startswith("tcp://127.0.0.1:") and built.kv_events.replay_endpoint is None
+        assert built.engine.prefix_cache.on_events is not None and built.max_model_len == 512
+    finally:
+        built.stop()

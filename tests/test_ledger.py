@@ -59,11 +59,10 @@ def cached_tokens(server: LocalServer, user: str, salt: str) -> int:
 def in_step(ledger: CacheLedger, backend: Any, server: LocalServer, timeout_s: float = 10.0) -> None:
     """Wait until the ledger holds exactly the server's blocks (it follows asynchronously)."""
     want = {external_hash(key) for key in server.engine.prefix_cache.keys()}
-    tree = ledger._trees[backend.label]
     deadline = time.monotonic() + timeout_s
-    while set(tree.blocks) != want and time.monotonic() < deadline:
+    while ledger.blocks(backend) != want and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert set(tree.blocks) == want
+    assert ledger.blocks(backend) == want
 
 
 def test_predicted_resident_tokens_equal_the_cached_tokens_the_server_reports(server, backend):

@@ -116,6 +116,12 @@ class CacheLedger:
         with self._locks[name]:
             return self._trees[name].resident_tokens(token_ids, cache_salt)
 
+    def blocks(self, backend: Any) -> set[Hashable]:
+        """The hashes of every block the ledger believes ``backend`` holds (vLLM's integer form)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return set(self._trees[name].blocks)
+
     def touch(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
         """Record that a request just read this prompt's resident blocks (they are now the warmest)."""
         name = self._name(backend)

@@ -74,7 +74,11 @@ class EndpointSubscriber:
         try:
             while not self._stop.is_set():
                 if sub.poll(50):
-                    self.handle(sub.recv_multipart(), replay)
+                    try:
+                        self.handle(sub.recv_multipart(), replay)
+                    except Exception:  # noqa: BLE001 - the thread outlives any one bad message
+                        self.errors += 1
+                        emit("ledger.message_failed", level="exception", backend=self.name)
         finally:
             sub.close(linger=0)
             if replay is not None:

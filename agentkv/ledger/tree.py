@@ -19,6 +19,7 @@ Usage::
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator, Mapping, Sequence
 
@@ -29,7 +30,7 @@ _STORED = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora
 _REMOVED = ("block_hashes", "medium", "group_idx")
 
 
-@dataclass
+@dataclass(slots=True)
 class Block:
     """One resident block: where it hangs, what it holds, whose it is, when it was last stored or used."""
 
@@ -39,6 +40,14 @@ class Block:
     depth: int
     salt: str | None
     last_used: float
+
+
+def _chunk(tokens: Sequence[int]) -> bytes | tuple[int, ...]:
+    """A block's token ids as a compact key: 4 bytes a token (a tuple for ids outside uint32)."""
+    try:
+        return array("I", tokens).tobytes()
+    except (OverflowError, TypeError):
+        return tuple(tokens)
 
 
 def _freeze(value: Any) -> Any:
@@ -114,7 +123,7 @@ class BlockTree:
         parent = _freeze(fields.get("parent_block_hash"))
         for index, block_hash in enumerate(hashes):
             extra = _freeze(extras[index]) if index < len(extras) else None
-            chunk = tuple(tokens[index * size : (index + 1) * size])
+            chunk = _chunk(tokens[index * size : (index + 1) * size])
             up = self.blocks.get(parent) if parent is not None else None
             if parent is not None and up is None:
                 parent = block_hash
@@ -157,7 +166,7 @@ class BlockTree:
             return
         parent: Hashable | None = None
         for start in range(0, len(token_ids) - size + 1, size):
-            chunk = tuple(token_ids[start : start + size])
+            chunk = _chunk(token_ids[start : start + size])
             key = ("root", chunk, (salt,) if salt else None) if parent is None else (parent, chunk, None)
             found = self._by_key.get(key)
             if found is None:
