@@ -43,7 +43,7 @@ class RankedBlock:
 
 @dataclass(frozen=True)
 class LedgerStats:
-    """One backend's subscription: what it has applied and what it could not repair."""
+    """One backend's subscription: what it has applied, what it could not repair, how well it predicted."""
 
     backend: str
     blocks: int
@@ -56,6 +56,10 @@ class LedgerStats:
     resets: int
     forgotten: int
     errors: int
+    predictions: int = 0
+    exact_predictions: int = 0
+    predicted_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class CacheLedger:
@@ -67,6 +71,7 @@ class CacheLedger:
         self._trees: dict[str, BlockTree] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._subscribers: dict[str, EndpointSubscriber] = {}
+        self._accuracy: dict[str, tuple[int, ...]] = {}  # predictions, exact ones, tokens predicted, tokens cached
         for backend in backends:
             if getattr(backend, "kv_events", None) is None:
                 continue
@@ -75,6 +80,7 @@ class CacheLedger:
                 raise ConfigurationError(f"two backends named {name!r} publish KV events; name them apart")
             self._trees[name] = BlockTree(max_blocks=max_blocks_per_backend)
             self._locks[name] = threading.Lock()
+            self._accuracy[name] = (0, 0, 0, 0)
             self._subscribers[name] = EndpointSubscriber(
                 name, backend.kv_events, backend.kv_events_replay, self._trees[name], self._locks[name],
                 replay_timeout_s=replay_timeout_s)
@@ -116,6 +122,21 @@ class CacheLedger:
         with self._locks[name]:
             return self._trees[name].resident_tokens(token_ids, cache_salt)
 
+    def held_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
+        """How many leading tokens of ``token_ids`` the server holds in full blocks (for a warmed prefix)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return self._trees[name].held_tokens(token_ids, cache_salt)
+
+    def record(self, backend: Any, predicted: int, actual: int) -> None:
+        """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            self._accuracy[name] = tuple(a + b for a, b in zip(self._accuracy[name], (1, int(predicted == actual),
+                                                                                        predicted, actual)))
+        if predicted != actual:
+            emit("ledger.misprediction", backend=name, predicted=predicted, actual=actual)
+
     def blocks(self, backend: Any) -> set[Hashable]:
         """The hashes of every block the ledger believes ``backend`` holds (vLLM's integer form)."""
         name = self._name(backend)
@@ -151,15 +172,17 @@ class CacheLedger:
     # --- health -------------------------------------------------------------------------------------
 
     def stats(self) -> list[LedgerStats]:
-        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not."""
+        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not, and how
+        :meth:`record`-ed predictions compared with the ``cached_tokens`` the server reported."""
         out = []
         for name, tree in self._trees.items():
             sub = self._subscribers[name]
             with self._locks[name]:
                 blocks = len(tree)
                 tokens = sum(block.tokens for block in tree.blocks.values())
+                accuracy = self._accuracy[name]
             out.append(LedgerStats(name, blocks, tokens, sub.batches, sub.events, sub.gaps, sub.replayed,
-                                   sub.unrepaired, tree.resets, tree.forgotten, sub.errors))
+                                   sub.unrepaired, tree.resets, tree.forgotten, sub.errors, *accuracy))
         return out
 
     def last_seq(self, backend: Any) -> int:

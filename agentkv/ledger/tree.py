@@ -181,6 +181,10 @@ class BlockTree:
         """
         return sum(1 for _ in self.chain(list(token_ids)[: max(0, len(token_ids) - 1)], salt)) * (self.block_size or 0)
 
+    def held_tokens(self, token_ids: Sequence[int], salt: str | None) -> int:
+        """Leading tokens of ``token_ids`` held in full blocks (a warmed prefix: its last token counts too)."""
+        return sum(1 for _ in self.chain(list(token_ids), salt)) * (self.block_size or 0)
+
     def touch(self, token_ids: Sequence[int], salt: str | None, now: float) -> int:
         """Mark a prompt's resident blocks used at ``now`` (a request just read them); returns how many."""
         found = list(self.chain(list(token_ids), salt))
