@@ -44,7 +44,8 @@ class Backend:
     ``model`` is a litellm model string (``"hosted_vllm/qwen3-8b"``); ``window`` declares the context
     window (otherwise it is discovered); ``tokenizer`` (a tiktoken encoding name, a transformers
     tokenizer, or a local tokenizer path) with ``chat_template`` makes token counts exact;
-    ``completion_kwargs`` are extra litellm kwargs sent with every request to this backend.
+    ``completion_kwargs`` are extra litellm kwargs sent with every request to this backend; ``kv_events`` (and
+    ``kv_events_replay``) name the server's vLLM KV-events endpoints for :class:`agentkv.ledger.CacheLedger`.
 
         Backend("hosted_vllm/qwen3-32b", api_base="http://127.0.0.1:8002/v1", window=131072)
     """
@@ -57,8 +58,13 @@ class Backend:
     tokenizer: Any = None
     chat_template: str | None = None
     completion_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kv_events: str | None = None  # the server's KV-events PUB endpoint, for agentkv.ledger (e.g. tcp://host:5557)
+    kv_events_replay: str | None = None  # its replay endpoint (vLLM's replay_endpoint), to repair gaps
 
     def __post_init__(self) -> None:
+        for value in (self.kv_events, self.kv_events_replay):
+            if value is not None and not str(value).startswith(("tcp://", "ipc://", "inproc://")):
+                raise ConfigurationError(f"Backend KV-events endpoints must be ZMQ addresses, got {value!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigurationError(f"Backend.model must be a non-empty litellm model string, got {self.model!r}")
         if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):

@@ -21,7 +21,22 @@ def derive_cache_salt(secret: str | bytes, tenant: str) -> str:
     if not isinstance(tenant, str) or not tenant:
         raise ConfigurationError(f"a tenant id must be a non-empty string, got {tenant!r}")
     key = secret.encode() if isinstance(secret, str) else secret
-    return hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()
+    salt = hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()
+    _DERIVED[salt] = tenant
+    return salt
+
+
+_DERIVED: dict[str, str] = {}  # salt -> tenant, for the salts this process derived (and only those)
+
+
+def tenant_for_salt(salt: str | None) -> str | None:
+    """The tenant this process derived ``salt`` for, or None: a salt is never guessed back to a tenant."""
+    return None if salt is None else _DERIVED.get(salt)
+
+
+def salts_for_tenant(tenant: str) -> set[str]:
+    """Every salt this process derived for ``tenant`` (one per secret it used)."""
+    return {salt for salt, owner in list(_DERIVED.items()) if owner == tenant}
 
 
 def resolve_cache_salt(tenant: str | None, cache_salt: str | bool | None, secret: str | None, *,

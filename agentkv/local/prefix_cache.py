@@ -9,6 +9,9 @@ the tail of a prefix goes before its head (the head is what the next request mos
 
 Not thread-safe: :class:`~agentkv.local.engine.LocalEngine` calls it under its request lock.
 
+With ``on_events`` set, each operation that changes what the cache holds reports it once, as a list of
+:class:`CacheEvent` (what :mod:`agentkv.local.kv_events` publishes the way vLLM does); unset, it costs nothing.
+
 Usage::
 
     cache = PrefixCache(block_size=16, budget_bytes=256 << 20)
@@ -23,7 +26,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +50,31 @@ class KVBlock:
     def nbytes(self) -> int:
         """Bytes held by this block's keys and values."""
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """One change to what the cache holds.
+
+    ``stored``: a run of consecutive blocks of one chain (``hashes``, their ``token_ids``, the ``parent`` key
+    before the run or None at the chain's root, and the chain's ``salt``); ``removed``: evicted ``hashes``;
+    ``cleared``: every block dropped.
+    """
+
+    kind: Literal["stored", "removed", "cleared"]
+    hashes: tuple[bytes, ...] = ()
+    parent: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+    salt: str | None = None
+
+
+class ChainHashes(list[bytes]):
+    """The keys of a chain, remembering the tokens and salt they were computed from (for events)."""
+
+    def __init__(self, hashes: list[bytes], token_ids: Sequence[int], salt: str | None) -> None:
+        super().__init__(hashes)
+        self.token_ids = token_ids
+        self.salt = salt
 
 
 def _salt_bytes(salt: str | None) -> bytes:
@@ -75,6 +103,16 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = N
     return hashes
 
 
+class _Silent:
+    """The publisher when events are off."""
+
+    def shutdown(self) -> None:
+        return None
+
+
+_SILENT = _Silent()
+
+
 class PrefixCache:
     """Blocks of KV keyed by hash chain, LRU-evicted to stay within ``budget_bytes``."""
 
@@ -86,6 +124,8 @@ class PrefixCache:
         self.bytes_used = 0
         self.evictions = 0
         self._blocks: OrderedDict[bytes, KVBlock] = OrderedDict()
+        self.on_events: Callable[[list[CacheEvent]], None] | None = None
+        self._evicted: list[bytes] = []
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -93,9 +133,13 @@ class PrefixCache:
     def __contains__(self, key: object) -> bool:
         return key in self._blocks
 
+    def keys(self) -> list[bytes]:
+        """The cached blocks' keys, least recently used first."""
+        return list(self._blocks)
+
     def hashes(self, token_ids: Sequence[int], salt: str | None = None) -> list[bytes]:
         """Keys of every full block of ``token_ids`` under ``salt``."""
-        return chain_hashes(token_ids, self.block_size, salt)
+        return ChainHashes(chain_hashes(token_ids, self.block_size, salt), token_ids, salt)
 
     def match(self, hashes: Sequence[bytes]) -> list[KVBlock]:
         """The cached blocks for the longest leading run of ``hashes``; marks them recently used."""
@@ -116,21 +160,52 @@ class PrefixCache:
         """
         chain = set(hashes)
         self._touch([key for key in hashes if key in self._blocks])
+        added: list[int] = []
         for index, key in enumerate(hashes):
-            if key not in self._blocks and not self._add(key, block_at(index), chain):
-                break
+            if key not in self._blocks:
+                if not self._add(key, block_at(index), chain):
+                    break
+                added.append(index)
         self._touch([key for key in hashes if key in self._blocks])
+        if self.on_events is not None:
+            self._report(_stored_runs(hashes, added, self.block_size))
         return self._leading(hashes)
 
     def resize(self, budget_bytes: int) -> None:
         """Change the budget, evicting least-recently-used blocks until the cache fits."""
         self.budget_bytes = max(0, int(budget_bytes))
         self._evict_until(0, protected=set())
+        if self.on_events is not None:
+            self._report([])
 
     def clear(self) -> None:
         """Drop every block."""
         self._blocks.clear()
         self.bytes_used = 0
+        self._evicted.clear()
+        if self.on_events is not None:
+            self.on_events([CacheEvent("cleared")])
+
+    def publish_events(self, config: Any) -> Any:
+        """Publish this cache's changes as vLLM's KV events (``config``: vLLM's ``--kv-events-config``).
+
+        Returns the publisher (``shutdown()`` it when done). ``None`` publishes nothing and imports nothing.
+        """
+        if config is None:
+            return _SILENT
+        from agentkv.local.kv_events import make_publisher
+
+        publisher = make_publisher(config, block_size=self.block_size)
+        self.on_events = publisher.publish_cache_events
+        return publisher
+
+    def _report(self, stored: list[CacheEvent]) -> None:
+        """Send this operation's evictions (first: they made room) and stores, if any."""
+        events = [CacheEvent("removed", tuple(self._evicted))] if self._evicted else []
+        self._evicted.clear()
+        if events or stored:
+            assert self.on_events is not None
+            self.on_events(events + stored)
 
     def _leading(self, hashes: Sequence[bytes]) -> int:
         count = 0
@@ -154,9 +229,26 @@ class PrefixCache:
                 return False
             self.bytes_used -= self._blocks.pop(oldest).nbytes
             self.evictions += 1
+            if self.on_events is not None:
+                self._evicted.append(oldest)
         return True
 
     def _touch(self, hashes: Sequence[bytes]) -> None:
         """Mark a chain used, tail first, so its head ends up most recently used."""
         for key in reversed(hashes):
             self._blocks.move_to_end(key)
+
+
+def _stored_runs(hashes: Sequence[bytes], added: list[int], block_size: int) -> list[CacheEvent]:
+    """One ``stored`` event per run of consecutive newly added blocks of a chain."""
+    token_ids: Sequence[int] = getattr(hashes, "token_ids", ())
+    salt: str | None = getattr(hashes, "salt", None)
+    runs: list[list[int]] = []
+    for index in added:
+        if runs and runs[-1][-1] == index - 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return [CacheEvent("stored", tuple(hashes[i] for i in run), hashes[run[0] - 1] if run[0] else None,
+                       tuple(token_ids[run[0] * block_size : (run[-1] + 1) * block_size]), salt)
+            for run in runs]

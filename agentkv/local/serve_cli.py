@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a random-weight model's JSON closes)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most logprobs a request may ask for; -1 counts as the vocabulary (vLLM's default 20)")
+    parser.add_argument("--kv-events-config", default=None,
+                        help="vLLM's KV events config as JSON, e.g. "
+                             '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                             '"replay_endpoint": "tcp://*:5558"}\'')
 
 
 def _server(args: argparse.Namespace) -> Any:
@@ -44,9 +48,9 @@ def _server(args: argparse.Namespace) -> Any:
                      "max_logprobs": args.max_logprobs, "bound_json": not args.unbounded_json}
     if args.model_path:
         return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
-                                           port=args.port, **engine_kwargs)
+                                           port=args.port, kv_events_config=args.kv_events_config, **engine_kwargs)
     return LocalServer.from_size(args.size, window=args.window, model_id=args.served_model_name, port=args.port,
-                                 seed=args.seed, **engine_kwargs)
+                                 seed=args.seed, kv_events_config=args.kv_events_config, **engine_kwargs)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -155,10 +155,11 @@ class LocalServer:
 
     def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *,
                  root: str | None = None, enable_prompt_tokens_details: bool = True,
-                 max_logprobs: int = 20, bound_json: bool = True) -> None:
+                 max_logprobs: int = 20, bound_json: bool = True, kv_events_config: Any = None) -> None:
         """``enable_prompt_tokens_details`` is on for in-process servers (agentkv's demo, examples and tests read
         ``cached_tokens``); ``agentkv serve`` leaves it off unless ``--enable-prompt-tokens-details``, as vLLM."""
         self.engine = engine
+        self.kv_events = engine.prefix_cache.publish_events(kv_events_config)  # vLLM's --kv-events-config
         self.created = int(time.time())
         self.root = root or engine.model_id
         self.options = routes.ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
@@ -180,20 +181,20 @@ class LocalServer:
     @classmethod
     def from_size(cls, size: str = "small", *, window: int | None = None, model_id: str | None = None,
                   port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
-                  bound_json: bool = True, **engine_kwargs: Any) -> LocalServer:
+                  bound_json: bool = True, kv_events_config: Any = None, **engine_kwargs: Any) -> LocalServer:
         """A server over ``LocalEngine.from_size(size)``, served as ``agentkv-{size}`` unless named."""
         engine = LocalEngine.from_size(size, model_id=model_id, max_model_len=window, **engine_kwargs)
         return cls(engine, port=port, enable_prompt_tokens_details=enable_prompt_tokens_details,
-                   max_logprobs=max_logprobs, bound_json=bound_json)
+                   max_logprobs=max_logprobs, bound_json=bound_json, kv_events_config=kv_events_config)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, window: int | None = None, model_id: str | None = None,
                         port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
-                        bound_json: bool = True, **engine_kwargs: Any) -> LocalServer:
+                        bound_json: bool = True, kv_events_config: Any = None, **engine_kwargs: Any) -> LocalServer:
         """A server over a checkpoint folder; the model id defaults to the folder's name."""
         engine = LocalEngine.from_pretrained(path, model_id=model_id, max_model_len=window, **engine_kwargs)
         return cls(engine, port=port, root=str(path), enable_prompt_tokens_details=enable_prompt_tokens_details,
-                   max_logprobs=max_logprobs, bound_json=bound_json)
+                   max_logprobs=max_logprobs, bound_json=bound_json, kv_events_config=kv_events_config)
 
     # --- where it listens ------------------------------------------------------------------------
 
@@ -341,6 +342,7 @@ class LocalServer:
         self.metrics.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.parse_pool.shutdown(wait=False, cancel_futures=True)
+        self.kv_events.shutdown()
         emit("local.server.stopped", model_id=self.model_id, port=self.port)
 
     def __enter__(self) -> LocalServer:

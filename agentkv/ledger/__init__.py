@@ -1,0 +1,17 @@
+"""What the prefix caches hold: a tenant-scoped ledger rebuilt from vLLM's KV events.
+
+Needs pyzmq and msgspec (``pip install 'agentkv[kvevents]'``). See ``docs/ledger.md``.
+
+Usage::
+
+    from agentkv.ledger import CacheLedger
+    with CacheLedger([big_backend]) as ledger:
+        ledger.resident_tokens(big_backend, token_ids, cache_salt)
+"""
+
+from __future__ import annotations
+
+from agentkv.ledger.ledger import CacheLedger, LedgerStats, RankedBlock, TenantScopeError
+from agentkv.ledger.tree import BlockTree
+
+__all__ = ["BlockTree", "CacheLedger", "LedgerStats", "RankedBlock", "TenantScopeError"]

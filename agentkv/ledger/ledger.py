@@ -1,0 +1,190 @@
+"""``CacheLedger``: what each server's prefix cache holds right now, per tenant, from vLLM's KV events.
+
+Usage::
+
+    ledger = CacheLedger([Backend("hosted_vllm/big", api_base=..., kv_events="tcp://10.0.0.5:5557",
+                                  kv_events_replay="tcp://10.0.0.5:5558")]).start()
+    ledger.resident_tokens("big", token_ids, cache_salt)      # what a request would find cached
+    ledger.eviction_ranking("big", tenant="acme")            # acme's blocks, coldest first
+    ledger.eviction_ranking("big", as_vram_manager=True)     # every tenant's: the VRAM manager only
+    ledger.stop()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Sequence
+
+from agentkv.errors import AgentKVError, ConfigurationError
+from agentkv.events import emit
+from agentkv.ledger.subscriber import EndpointSubscriber
+from agentkv.ledger.tree import BlockTree
+from agentkv.tenancy import salts_for_tenant, tenant_for_salt
+
+__all__ = ["CacheLedger", "LedgerStats", "RankedBlock", "TenantScopeError"]
+
+
+class TenantScopeError(AgentKVError, PermissionError):
+    """An eviction ranking was asked for without a tenant: it would rank every tenant's blocks together."""
+
+
+@dataclass(frozen=True)
+class RankedBlock:
+    """One resident block in an eviction ranking."""
+
+    block_hash: Hashable
+    tenant: str | None
+    depth: int
+    tokens: int
+    last_used: float
+
+
+@dataclass(frozen=True)
+class LedgerStats:
+    """One backend's subscription: what it has applied, what it could not repair, how well it predicted."""
+
+    backend: str
+    blocks: int
+    resident_tokens: int
+    batches: int
+    events: int
+    gaps: int
+    replayed: int
+    unrepaired: int
+    resets: int
+    forgotten: int
+    errors: int
+    predictions: int = 0
+    exact_predictions: int = 0
+    predicted_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class CacheLedger:
+    """Subscribes to every backend that declares ``kv_events``; one background thread per endpoint."""
+
+    def __init__(self, backends: Iterable[Any], *, max_blocks_per_backend: int = 1 << 20,
+                 replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._trees: dict[str, BlockTree] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._subscribers: dict[str, EndpointSubscriber] = {}
+        self._accuracy: dict[str, tuple[int, ...]] = {}  # predictions, exact ones, tokens predicted, tokens cached
+        for backend in backends:
+            if getattr(backend, "kv_events", None) is None:
+                continue
+            name = backend.label
+            if name in self._trees:
+                raise ConfigurationError(f"two backends named {name!r} publish KV events; name them apart")
+            self._trees[name] = BlockTree(max_blocks=max_blocks_per_backend)
+            self._locks[name] = threading.Lock()
+            self._accuracy[name] = (0, 0, 0, 0)
+            self._subscribers[name] = EndpointSubscriber(
+                name, backend.kv_events, backend.kv_events_replay, self._trees[name], self._locks[name],
+                replay_timeout_s=replay_timeout_s)
+
+    @property
+    def backends(self) -> list[str]:
+        """The names of the backends this ledger follows."""
+        return list(self._trees)
+
+    def start(self) -> CacheLedger:
+        """Start every subscription thread; returns self."""
+        for subscriber in self._subscribers.values():
+            subscriber.start()
+        emit("ledger.started", backends=len(self._subscribers))
+        return self
+
+    def stop(self) -> None:
+        """Stop and join every subscription thread."""
+        for subscriber in self._subscribers.values():
+            subscriber.stop()
+
+    def __enter__(self) -> CacheLedger:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _name(self, backend: Any) -> str:
+        name = backend if isinstance(backend, str) else backend.label
+        if name not in self._trees:
+            raise KeyError(f"the ledger does not follow {name!r} (it declares no kv_events endpoint)")
+        return str(name)
+
+    # --- what is resident -------------------------------------------------------------------------
+
+    def resident_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
+        """How many leading tokens of this prompt a request with ``cache_salt`` would find cached, right now."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return self._trees[name].resident_tokens(token_ids, cache_salt)
+
+    def held_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
+        """How many leading tokens of ``token_ids`` the server holds in full blocks (for a warmed prefix)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return self._trees[name].held_tokens(token_ids, cache_salt)
+
+    def record(self, backend: Any, predicted: int, actual: int) -> None:
+        """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            self._accuracy[name] = tuple(a + b for a, b in zip(self._accuracy[name], (1, int(predicted == actual),
+                                                                                        predicted, actual)))
+        if predicted != actual:
+            emit("ledger.misprediction", backend=name, predicted=predicted, actual=actual)
+
+    def blocks(self, backend: Any) -> set[Hashable]:
+        """The hashes of every block the ledger believes ``backend`` holds (vLLM's integer form)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return set(self._trees[name].blocks)
+
+    def touch(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
+        """Record that a request just read this prompt's resident blocks (they are now the warmest)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return self._trees[name].touch(token_ids, cache_salt, self.clock())
+
+    # --- eviction ranking, fail-closed --------------------------------------------------------------
+
+    def eviction_ranking(self, backend: Any, tenant: str | None = None, *, as_vram_manager: bool = False,
+                         limit: int | None = None) -> list[RankedBlock]:
+        """``tenant``'s resident blocks, coldest first (a chain's tail before its head among equals).
+
+        Without a tenant this raises :class:`TenantScopeError`, unless ``as_vram_manager=True``: the one role
+        that must see every tenant's blocks. A block belongs to a tenant only through a salt this process
+        derived for it (:func:`agentkv.tenancy.derive_cache_salt`); other salts, and no salt, belong to no one.
+        """
+        if tenant is None and not as_vram_manager:
+            raise TenantScopeError("eviction_ranking needs tenant=...: a ranking across tenants is for the VRAM "
+                                   "manager only (as_vram_manager=True)")
+        name = self._name(backend)
+        salts: set[str | None] | None = None if tenant is None else set(salts_for_tenant(tenant))
+        with self._locks[name]:
+            ranked = self._trees[name].coldest(salts)[:limit]
+        return [RankedBlock(block_hash, tenant_for_salt(block.salt), block.depth, block.tokens, block.last_used)
+                for block_hash, block in ranked]
+
+    # --- health -------------------------------------------------------------------------------------
+
+    def stats(self) -> list[LedgerStats]:
+        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not, and how
+        :meth:`record`-ed predictions compared with the ``cached_tokens`` the server reported."""
+        out = []
+        for name, tree in self._trees.items():
+            sub = self._subscribers[name]
+            with self._locks[name]:
+                blocks = len(tree)
+                tokens = sum(block.tokens for block in tree.blocks.values())
+                accuracy = self._accuracy[name]
+            out.append(LedgerStats(name, blocks, tokens, sub.batches, sub.events, sub.gaps, sub.replayed,
+                                   sub.unrepaired, tree.resets, tree.forgotten, sub.errors, *accuracy))
+        return out
+
+    def last_seq(self, backend: Any) -> int:
+        """The last sequence number applied for ``backend`` (-1 before the first)."""
+        return self._subscribers[self._name(backend)].last_seq
