@@ -23,10 +23,10 @@ MESSAGES = [{"role": "system", "content": "You are a careful agent. " * 12}, {"r
 
 
 # --- a subscriber written the way vllm/examples/online_serving/kv_events_subscriber.py is -------------
-# (its structs carry the fields of vllm/distributed/kv_events.py: the batch array-like, events tagged maps)
+# (its structs carry the fields and options of vllm/distributed/kv_events.py on main: a map batch, tagged map events)
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):  # type: ignore[call-arg]
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
@@ -213,8 +213,8 @@ def test_vllm_subscriber_decodes_our_events_and_they_match_the_cache(server, sub
     server.engine.prefix_cache.resize(512 << 20)
 
 
-def test_wire_shape_is_an_array_batch_of_tagged_maps(server):
-    """Frames are (topic, 8-byte big-endian seq, msgpack [ts, [ {type: ...} ], rank]): vLLM's current wire."""
+def test_wire_shape_is_a_map_batch_of_tagged_maps(server):
+    """Frames are (topic, 8-byte big-endian seq, msgpack {ts, events: [{type: ...}], data_parallel_rank}): vLLM's main."""
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.connect(server.kv_events.endpoint)
@@ -226,8 +226,8 @@ def test_wire_shape_is_an_array_batch_of_tagged_maps(server):
         topic, seq, payload = sub.recv_multipart()
         batch = msgspec.msgpack.decode(payload)
         assert topic == b"kv-events" and len(seq) == 8
-        assert isinstance(batch, list) and len(batch) == 3 and batch[2] == 0
-        assert batch[1] == [{"type": "AllBlocksCleared"}]
+        assert isinstance(batch, dict) and batch["data_parallel_rank"] == 0 and isinstance(batch["ts"], float)
+        assert batch["events"] == [{"type": "AllBlocksCleared"}]
     finally:
         sub.close(linger=0)
 

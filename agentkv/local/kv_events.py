@@ -9,8 +9,9 @@ Mirrors ``vllm/distributed/kv_events.py`` so that a subscriber written for vLLM 
   connected, as vLLM decides) and, with ``replay_endpoint``, a bound ROUTER that answers an 8-byte big-endian
   start sequence with every buffered ``(seq, payload)`` from there on, then ``(-1, b"")``;
 - framing: multipart ``(topic, seq as 8-byte big-endian, payload)``, ``seq`` counting from 0;
-- encoding: msgspec msgpack of :class:`KVEventBatch`: the batch an array ``[ts, events, data_parallel_rank]``,
-  each event a map tagged ``"type"`` (vLLM dropped ``array_like`` from the events in vllm-project/vllm#42892),
+- encoding: msgspec msgpack of :class:`KVEventBatch`: the batch a map ``{ts, events, data_parallel_rank}``,
+  each event a map tagged ``"type"`` (vLLM's main no longer declares ``array_like`` on the batch or the events;
+  releases before vllm-project/vllm#42892 sent both as arrays, which the ledger still reads),
   block hashes as vLLM's default integer form (the digest's low 64 bits), ``medium`` ``"GPU"``, group 0
   ``"full_attention"``, and ``extra_keys`` one entry per block: ``(cache_salt,)`` on a chain's first block
   when the request has a salt, ``None`` otherwise (vLLM's ``generate_block_hash_extra_keys``).
@@ -81,7 +82,7 @@ class KVEventsConfig:
 # --- the wire structs: fields, order and struct options as vllm/distributed/kv_events.py ----------------
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
