@@ -19,6 +19,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from agentkv._defaults import process_default
+from agentkv._http import HttpTransport
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
@@ -173,6 +174,35 @@ class WarmAhead:
                 self._in_flight.release()
 
         self._jobs.task(job(), self.policy.timeout_s + 1.0)
+
+    def post(self, url: str, body: dict[str, Any], http: HttpTransport) -> None:
+        """POST the warm's raw ``body`` to ``url`` over the HTTP seam on a daemon worker thread."""
+        def job() -> None:
+            self._sent(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s))
+
+        self._jobs.thread(job)
+
+    def apost(self, url: str, body: dict[str, Any], http: HttpTransport) -> None:
+        """POST the warm's raw ``body`` to ``url`` over the async HTTP seam, as a task."""
+        async def job() -> None:
+            try:
+                await http.apost_json(url, body, timeout_s=self.policy.timeout_s)
+                self._stats.add("warm_completed")
+            except Exception as exc:  # a warm never raises into anyone
+                self._failed(exc)
+            finally:
+                self._in_flight.release()
+
+        self._jobs.task(job(), self.policy.timeout_s + 1.0)
+
+    def _sent(self, send: Callable[[], Any]) -> None:
+        try:
+            send()
+            self._stats.add("warm_completed")
+        except Exception as exc:  # a warm never raises into anyone
+            self._failed(exc)
+        finally:
+            self._in_flight.release()
 
     def _failed(self, exc: BaseException) -> None:
         self._stats.add("warm_failed")
