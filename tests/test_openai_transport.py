@@ -3,14 +3,11 @@
 import copy
 
 import httpx
-import pytest
-
-openai = pytest.importorskip("openai")
+import openai
 
 from agentkv import Backend, Session
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport, UsageWatch
-from agentkv.testing import capture_events
 from agent_checks import check_escalation
 from conftest import chat_requests
 

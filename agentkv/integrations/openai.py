@@ -236,8 +236,8 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
         body = json.loads(await request.aread())
         try:
             attempt = await self.session.aprepare(counted_view(body))
-        except ContextOverflowError as error:
-            return refused(error)
+        except ContextOverflowError as refusal:
+            return refused(refusal)
         while True:
             sent = outgoing_request(request, body, attempt, self.session.cache_salt)
             response = await self._inner.handle_async_request(sent)
@@ -246,8 +246,8 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
             raw = b"".join([part async for part in response.aiter_raw()])
             await response.aclose()
             try:
-                error = Rejected(response.status_code, raw.decode("utf-8", "replace"))
-                attempt = await self.session.arecover(attempt, error)
+                rejection = Rejected(response.status_code, raw.decode("utf-8", "replace"))
+                attempt = await self.session.arecover(attempt, rejection)
             except (Rejected, ContextOverflowError):
                 return replayed(response, raw)
 
