@@ -197,8 +197,9 @@ def test_router_sends_what_fast_cannot_hold_to_the_slow_model(fresh):
         short, long = router.invoke(history(1)), router.invoke(history(12))
         assert s.drain_warms(30)
     assert (short.content, long.content) == ("fast", "slow") and router.last_role == "slow"
-    assert [row.reason for row in s.ledger] == ["observed", "observed"] and s.ledger[0].cached_tokens == 3
+    assert [row.reason for row in s.ledger] == ["fits", "proactive"] and s.ledger[0].cached_tokens == 3
     assert [row.backend for row in s.ledger] == ["fast", "slow"] and s.ledger[1].warm == "routed_slow"
+    assert s.stats()["escalations"] == 1 and s.stats()["requests"] == {"fast": 1, "slow": 1}
     assert s.ledger[0].tool_tokens > 0 and chat_request(history(1), {"tools": TOOLS8})["tools"] == TOOLS8
 
 
