@@ -248,7 +248,7 @@ class ScriptedTransport:
         return not body.get("stream") and body.get("max_tokens") != 1
 
     def _scripted(self, request: Any, response: Any, read: Callable[[Any], Any]) -> Any:
-        import httpx
+        from agentkv.integrations.openai import json_response
 
         if not self._scriptable(request, response):
             return response
@@ -257,7 +257,7 @@ class ScriptedTransport:
         answer["choices"][0]["message"] = _scripted_message(self.script.pop(0), len(self.script))
         answer["choices"][0]["finish_reason"] = "tool_calls" if answer["choices"][0]["message"].get("tool_calls") \
             else "stop"
-        return httpx.Response(200, json=answer, extensions=response.extensions)
+        return json_response(200, answer, response.extensions)
 
 
 def _scripted_message(step: Any, left: int) -> dict[str, Any]:

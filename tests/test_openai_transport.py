@@ -18,7 +18,7 @@ def make_session(fresh, **kwargs):
     fast = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
     slow = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")
     return Session(fast, slow, discovery=fresh["discovery"], cooldowns=fresh["cooldowns"], in_flight=fresh["in_flight"],
-                   session_id=fresh["session_id"], tenant="acme", cache_salt_secret="k", **kwargs)
+                   session_id=fresh["session_id"], tenant=fresh["session_id"], cache_salt_secret="k", **kwargs)
 
 
 def conversation():
@@ -46,7 +46,7 @@ def test_sync_client_escalates_onto_a_warm_prefix(fresh):
                 break
             assert s.drain_warms(30)
         assert answer.model == fresh["slow"].model_id and s.ledger[-1].cached_tokens == cached(answer.usage)
-    check_escalation(s, fresh["slow"], cached(answer.usage))
+    print("openai-sync", check_escalation(s, fresh["slow"], cached(answer.usage)))
     assert all(b.get("cache_salt") == s.cache_salt for b in chat_requests(fresh["slow"]) + chat_requests(fresh["fast"]))
     assert s.stats()["cached_tokens_on_escalation"] == cached(answer.usage) > 0
 
@@ -66,7 +66,7 @@ async def test_async_streaming_client_escalates_onto_a_warm_prefix(fresh):
             await s.adrain_warms(30)
         usage = chunks[-1].usage
     assert chunks[0].model == fresh["slow"].model_id and s.ledger[-1].cached_tokens == cached(usage)
-    check_escalation(s, fresh["slow"], cached(usage))
+    print("openai-async-stream", check_escalation(s, fresh["slow"], cached(usage)))
 
 
 def test_a_fast_overflow_is_resent_to_slow_and_the_caller_sees_one_answer(fresh):

@@ -88,13 +88,20 @@ def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: A
 
 def refused(error: ContextOverflowError) -> httpx.Response:
     """A vLLM-shaped 400 for a request no backend can hold (nothing was sent)."""
-    return httpx.Response(400, json={"object": "error", "message": str(error), "type": "BadRequestError",
-                                     "param": None, "code": 400})
+    return json_response(400, {"object": "error", "message": str(error), "type": "BadRequestError",
+                               "param": None, "code": 400})
+
+
+def json_response(status_code: int, answer: Any, extensions: Mapping[str, Any] | None = None) -> httpx.Response:
+    """A JSON answer as a transport returns one: an unread stream with its content headers."""
+    raw = json.dumps(answer).encode()
+    headers = {"content-type": "application/json", "content-length": str(len(raw))}
+    return httpx.Response(status_code, headers=headers, stream=httpx.ByteStream(raw), extensions=extensions)
 
 
 def replayed(response: httpx.Response, raw: bytes) -> httpx.Response:
-    """A response already read to its last byte, handed to the caller as it came."""
-    return httpx.Response(response.status_code, headers=response.headers, content=raw,
+    """A response already read to its last byte, handed on as it came (a stream, as transports answer)."""
+    return httpx.Response(response.status_code, headers=response.headers, stream=httpx.ByteStream(raw),
                           extensions=response.extensions)
 
 
