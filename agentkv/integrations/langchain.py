@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
+from cachetools import LRUCache
 from langchain_core.callbacks import (
     AsyncCallbackHandler, AsyncCallbackManagerForLLMRun, BaseCallbackHandler, CallbackManagerForLLMRun,
 )
@@ -48,6 +49,9 @@ from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
 from agentkv._session.attempts import OBSERVED_KEYS, Attempt, Observation
+
+_SALT_WARNED: LRUCache[str, bool] = LRUCache(maxsize=4096)  # Sessions already warned about a missing salt
+_SALT_LOCK = threading.Lock()
 
 COUNTERS = ("observed", "blocked", "usage_recorded", "overflow_errors", "other_errors", "unknown_runs")
 
@@ -78,6 +82,14 @@ def openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
                 for m in messages]
     return [_convert_message_to_dict(_convert_from_v1_to_chat_completions(m) if isinstance(m, AIMessage) else m)
             for m in messages]
+
+
+def _first_warning(session_id: str) -> bool:
+    """True the first time a Session is warned about a missing salt (once per Session, any handler)."""
+    with _SALT_LOCK:
+        first = session_id not in _SALT_WARNED
+        _SALT_WARNED[session_id] = True
+        return first
 
 
 def salt_missing(invocation_params: Mapping[str, Any] | None, session: SessionLike) -> bool:
@@ -141,7 +153,6 @@ class _Accounting:
         self._runs: dict[UUID, list[int]] = {}
         self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
         self._lock = threading.Lock()
-        self._salt_warned = False
 
     @property
     def counters(self) -> dict[str, int]:
@@ -161,8 +172,7 @@ class _Accounting:
 
     def _requests(self, messages: list[list[BaseMessage]], kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
         params = kwargs.get("invocation_params")
-        if not self._salt_warned and salt_missing(params, self.session):
-            self._salt_warned = True  # once per handler, and a handler serves one Session
+        if salt_missing(params, self.session) and _first_warning(self.session.session_id):
             emit("cache_salt_missing", level="warning", session=self.session.session_id,
                  fix="ChatOpenAI(..., extra_body={'cache_salt': session.cache_salt})")
         return [chat_request(batch, params) for batch in messages]
