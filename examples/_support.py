@@ -89,3 +89,17 @@ def storage_logs(host: str, lines: int) -> str:
     """A deterministic tool result of about 35 tokens per line."""
     return "\n".join(f"{host} 2026-11-29T{i % 24:02d}:00:00Z osd.{i % 7} slow request id={i:04d} blocked for "
                      f"{30 + i % 9}s on sdb" for i in range(lines))
+
+
+def lookup_script(steps: int, final: str) -> list[Any]:
+    """``steps`` scripted turns calling ``lookup`` with a new host each, then ``final``."""
+    return [tool_call("lookup", host=f"osd-{i:02d}") for i in range(steps)] + [final]
+
+
+def escalation_summary(session: Any, env: Servers) -> str:
+    """Where the conversation escalated and how much of it the slow server found cached (its own usage)."""
+    row = next((r for r in session.ledger if r.backend == "slow"), None)
+    if row is None:
+        return "never escalated"
+    return (f"escalated to slow at turn {row.turn} with {row.input_tokens} tokens, {row.cached_tokens} of them "
+            f"already cached by {env.warm_requests()} warm")

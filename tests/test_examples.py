@@ -15,6 +15,9 @@ EXPECTED = {
     "langchain_agent": r"langchain_agent: handler counters \{'observed': \d+, 'blocked': 1,.*router's last route slow",
     "litellm_hook": r"litellm_hook: \d+ calls observed; the escalated call to slow had [1-9]\d* of \d+ prompt tokens",
     "handoff_local": r"handoff_local: mapped_tokens=[1-9]\d* handoff_fallbacks=0",
+    "openai_sdk": r"openai_sdk: escalated to slow at turn \d+ with \d+ tokens, [1-9]\d* of them already cached by 1 warm",
+    "agents_sdk": r"agents_sdk: \d+ model calls; escalated to slow at turn \d+ with \d+ tokens, [1-9]\d* of them",
+    "langgraph_agent": r"langgraph_agent: \d+ model calls; escalated to slow at turn \d+ with \d+ tokens, [1-9]\d* of",
 }
 
 

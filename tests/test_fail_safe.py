@@ -161,23 +161,32 @@ def test_a_tenant_without_a_salt_secret_is_refused(monkeypatch):
     assert Session(*backends(), tenant="acme").cache_salt
 
 
-def test_a_failed_warm_logs_no_server_text():
-    """Finding 8: warm_failed carries the error type and status, never the server's error text."""
+@pytest.mark.parametrize("keyed", [False, True], ids=["raw-warm", "litellm-warm"])
+def test_a_failed_warm_logs_no_server_text(keyed):
+    """Finding 8: warm_failed carries the error type and status, never the server's error text (raw POST warms
+    and litellm warms alike)."""
     secret = "PROMPT-TEXT-ECHOED-BY-THE-SERVER"
 
     class Echo(Exception):
         status_code = 500
 
-    http = FakeHttp(lambda m, u, b: models_answer("slow-m" if u.startswith(SLOW) else "fast-m",
-                                                  2048 if u.startswith(FAST) else 16384))
+    def server(method, url, body):
+        if url.endswith("/chat/completions"):  # the raw warm's POST: a 500 echoing the prompt
+            return 500, {"error": {"message": secret, "type": "InternalServerError", "code": 500}}
+        return models_answer("slow-m" if url.startswith(SLOW) else "fast-m", 2048 if url.startswith(FAST) else 16384)
+
+    http = FakeHttp(server)
+    fast, slow = backends()
+    if keyed:  # a keyed backend warms through the completion client
+        slow = Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", api_key="k")
     client = Answers(down={SLOW: Echo(secret)})
-    s = Session(*backends(), discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False,
+    s = Session(fast, slow, discovery=WindowDiscovery(http=http), http=http, client=client, count_with_server=False,
                 cooldowns=CooldownMap(), in_flight=InFlightLimit(4))
     with capture_events() as events:
         s.completion(messages=[{"role": "user", "content": "word " * 1300}], max_tokens=8)
         assert s.drain_warms(10)
     failed = [e for e in events if e["event"] == "warm_failed"]
-    assert failed and failed[0]["error"] == "Echo" and failed[0]["status_code"] == 500
+    assert failed and failed[0]["error"] == ("Echo" if keyed else "HttpError") and failed[0]["status_code"] == 500
     assert secret not in repr(events)
 
 

@@ -26,6 +26,9 @@ def vllm_like(method, url, body):
                            add_generation_prompt=body.get("add_generation_prompt", True))
         tokens = encode(get_encoding(), text)
         return {"count": len(tokens), "max_model_len": WINDOWS[base + "/v1"], "tokens": tokens, "token_strs": None}
+    if method == "POST" and url.endswith("/chat/completions") and body.get("max_tokens") == 1:  # a warm
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "."}, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
     return 404, {"error": {"message": "Not Found", "type": "NotFoundError", "code": 404}}
 
 
@@ -95,7 +98,8 @@ def test_sync_escalation_goes_through_the_same_fake(declared):
     assert s.drain_warms(10)
     assert s.last_route.role == "slow" and s.stats()["warm_fired"] == 1 and s.stats()["escalations_after_warm"] == 1
     assert http.calls and not any(c.asynchronous for c in http.calls)
-    assert {c.url.rsplit("/", 1)[1] for c in http.calls} == {"models", "tokenize"}
+    assert {c.url.rsplit("/", 1)[1] for c in http.calls} == {"models", "tokenize", "completions"}  # + the warm
+    assert s.stats()["warm_completed"] == 1
 
 
 async def test_the_spy_sees_a_sync_call_made_on_the_loop():

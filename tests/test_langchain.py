@@ -17,6 +17,7 @@ from agentkv import Backend, ContextOverflowError, Session
 from agentkv.integrations.langchain import (
     AgentKVCallbackHandler,
     AgentKVRouter,
+    ChatAgentKV,
     AsyncAgentKVCallbackHandler,
     chat_request,
 )
@@ -197,8 +198,9 @@ def test_router_sends_what_fast_cannot_hold_to_the_slow_model(fresh):
         short, long = router.invoke(history(1)), router.invoke(history(12))
         assert s.drain_warms(30)
     assert (short.content, long.content) == ("fast", "slow") and router.last_role == "slow"
-    assert [row.reason for row in s.ledger] == ["observed", "observed"] and s.ledger[0].cached_tokens == 3
+    assert [row.reason for row in s.ledger] == ["fits", "proactive"] and s.ledger[0].cached_tokens == 3
     assert [row.backend for row in s.ledger] == ["fast", "slow"] and s.ledger[1].warm == "routed_slow"
+    assert s.stats()["escalations"] == 1 and s.stats()["requests"] == {"fast": 1, "slow": 1}
     assert s.ledger[0].tool_tokens > 0 and chat_request(history(1), {"tools": TOOLS8})["tools"] == TOOLS8
 
 
@@ -210,3 +212,16 @@ async def test_router_async_twin(fresh):
         assert (await router.ainvoke("hello")).content == "fast"
         assert AgentKVRouter(model(), model(), s).tools == TOOLS8  # tools already bound to the fast model count
         await s.adrain_warms(30)
+
+
+def test_chat_agentkv_resends_a_fast_overflow_to_slow_and_salts_chatopenai_style_models(fresh):
+    """A context-overflow 400 from the fast model is re-sent to the slow model; the caller gets one answer."""
+    overflow = ("This model's maximum context length is 2048 tokens. However, you requested 4196 tokens "
+                "(4100 in the messages, 96 in the completion).")
+    with make_session(fresh) as s:
+        router = ChatAgentKV(FailingChatModel(responses=[answer()], error=overflow),
+                             ToolChatModel(responses=[answer("slow")]), s)
+        assert router.invoke(history(1)).content == "slow" and router.last_role == "slow"
+        assert s.drain_warms(30)
+    assert s.stats()["overflow_errors"] >= 1 and s.stats()["reactive_escalations"] == 1
+    assert [row.backend for row in s.ledger] == ["slow"] and s.stats()["escalations"] == 1

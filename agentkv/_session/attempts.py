@@ -39,6 +39,7 @@ class Attempt:
     handed_off: bool = False
     failed_over: bool = False
     timeout_s: float | None = None
+    raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
@@ -99,3 +100,63 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
     call = request_kwargs(slow, shaped, salt, max_tokens=1)
     call["timeout"] = timeout_s
     return call
+
+
+# The providers whose self-hosted servers take the OpenAI body as it is: their warms go out as raw POSTs.
+_RAW_PROVIDERS = ("hosted_vllm", "openai")
+# Keys of a raw body that never shape the prompt and must not ride on a one-token warm.
+_NOT_FOR_WARMS = ("stream", "stream_options", "max_completion_tokens", "max_tokens", "n", "model")
+
+
+def raw_warm_target(slow: Backend) -> str | None:
+    """The ``/chat/completions`` URL a warm to ``slow`` is POSTed to raw, or None to send it through litellm.
+
+    Self-hosted OpenAI-compatible servers without a key qualify: the warm then never waits for a
+    litellm import and carries exactly the bytes the caller's request will carry.
+    """
+    provider = slow.model.split("/", 1)[0] if "/" in slow.model else ""
+    if not slow.api_base or slow.api_key or provider not in _RAW_PROVIDERS:
+        return None
+    return f"{slow.api_base.rstrip('/')}/chat/completions"
+
+
+def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw: bool) -> dict[str, Any]:
+    """The JSON body of a one-token warm to ``slow``, built from what the real request sends.
+
+    ``raw``: ``kwargs`` is an OpenAI body (everything but the budget and streaming is kept as it is);
+    otherwise litellm kwargs, of which the prompt-shaping keys are kept and ``extra_body`` is merged
+    into the body as litellm and the OpenAI SDK do.
+    """
+    if raw:
+        body = {k: v for k, v in kwargs.items() if k not in _NOT_FOR_WARMS}
+    else:
+        body = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs and k != "extra_body"}
+        body.update(dict(kwargs.get("extra_body") or {}))
+    body.update(model=slow.served_model, max_tokens=1)
+    if salt is not None:
+        body["cache_salt"] = salt
+    return body
+
+
+def as_litellm_sends(model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``kwargs`` with the tool schemas as litellm sends them to ``model`` (what is counted and warmed).
+
+    litellm removes every ``strict`` key and every ``additionalProperties: false`` from the tools it
+    sends to ``hosted_vllm``; the caller's objects are never edited.
+    """
+    if not model.startswith("hosted_vllm/") or not kwargs.get("tools"):
+        return kwargs
+    return {**kwargs, "tools": [_stripped(copy.deepcopy(tool)) for tool in kwargs["tools"]]}
+
+
+def _stripped(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        if schema.get("additionalProperties") is False:
+            del schema["additionalProperties"]
+        schema.pop("strict", None)
+        for value in schema.values():
+            _stripped(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _stripped(item)
+    return schema

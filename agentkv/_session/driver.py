@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Mapping
 
 import agentkv._env as _env
-from agentkv._http import HttpTransport
-from agentkv._session.attempts import Attempt, Observation, warm_kwargs
+from agentkv._http import HttpTransport, default_http
+from agentkv._session.attempts import Attempt, Observation, as_litellm_sends, raw_warm_target, warm_body, warm_kwargs
 from agentkv._session.escalation import Handoff, acheck_warm_prefix, check_warm_prefix, prefix_report
 from agentkv._session.record import Recorder
 from agentkv.backends import Backend, WindowDiscovery, WindowInfo, discovery_for
@@ -109,6 +109,7 @@ class Session:
                                              self_hosted=any(b.api_base for b in self._backends()))
         self.request_timeout_s = _check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
+        self.http: HttpTransport = http or default_http()
         self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http)
                          for b in self._backends()}
         self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
@@ -147,6 +148,7 @@ class Session:
     # ----------------------------------------------------------------- the drivers
     def completion(self, **kwargs: Any) -> Any:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
+        kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = self._facts()
         attempt = self._plan(kwargs, payload, self._counter(self.fast).count(payload), facts)
@@ -168,6 +170,7 @@ class Session:
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
+        kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = await self._afacts()
         attempt = self._plan(kwargs, payload, await self._counter(self.fast).acount(payload), facts)
@@ -221,6 +224,51 @@ class Session:
         attempt, decision = self._observed(kwargs, payload, await self._counter(self.fast).acount(payload), facts, role)
         await self._amaybe_warm(attempt, facts)
         return self._observation(attempt, decision, facts)
+
+    def prepare(self, body: Mapping[str, Any]) -> Attempt:
+        """Count, route and clamp a raw OpenAI request ``body`` its caller sends itself, and warm when due.
+
+        For senders outside litellm (the httpx transport, the LangChain router): the returned
+        :class:`Attempt` says where it goes (``decision``, ``backend``) and with which output budget;
+        a warm repeats ``body`` itself with a one-token budget. Hand an overflow to :meth:`recover` and
+        the answer to :meth:`answered`.
+        """
+        payload = self._open_request(dict(body))
+        facts = self._facts()
+        attempt = self._prepared(body, payload, self._counter(self.fast).count(payload), facts)
+        self._maybe_warm(attempt, facts, asynchronous=False)
+        return attempt
+
+    async def aprepare(self, body: Mapping[str, Any]) -> Attempt:
+        """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
+        payload = self._open_request(dict(body))
+        facts = await self._afacts()
+        attempt = self._prepared(body, payload, await self._counter(self.fast).acount(payload), facts)
+        await self._amaybe_warm(attempt, facts)
+        return attempt
+
+    def recover(self, attempt: Attempt, error: Exception) -> Attempt:
+        """The next try after ``attempt`` failed with ``error``: a recoverable overflow is clamped or escalated,
+        an outage fails over when the other backend can take it; anything else is re-raised."""
+        overflow = overflow_from_error(error)
+        if overflow is None:
+            return self._fail_over(attempt, error, self._facts())
+        return self._recover(attempt, error, overflow, self._recount(attempt), self._facts())
+
+    async def arecover(self, attempt: Attempt, error: Exception) -> Attempt:
+        """The async twin of :meth:`recover`."""
+        overflow = overflow_from_error(error)
+        if overflow is None:
+            return self._fail_over(attempt, error, await self._afacts())
+        return self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
+
+    def answered(self, attempt: Attempt, response: Any, *, asynchronous: bool = False) -> Any:
+        """Record ``attempt`` as answered with ``response`` (a dict or object with OpenAI's ``usage``):
+        requests per backend, the ledger row, the escalation and its cached tokens, as :meth:`completion`."""
+        return self._finish(attempt, response, asynchronous=asynchronous)
+
+    def _prepared(self, body: Mapping[str, Any], payload: Payload, count: TokenCount, facts: Facts) -> Attempt:
+        return replace(self._plan(dict(body), payload, count, facts), raw=True)
 
     def route(self, **kwargs: Any) -> RouteDecision:
         """The route this Session would choose for a request, sending and recording nothing.
@@ -478,7 +526,12 @@ class Session:
     def _send_warm(self, attempt: Attempt, asynchronous: bool) -> None:
         if attempt.warm != "fire" or self.slow is None:
             return
+        url = raw_warm_target(self.slow)
         try:
+            if url is not None:  # a raw POST: the same bytes as the request, no litellm import on the way
+                body = warm_body(self.slow, attempt.kwargs, self.cache_salt, raw=attempt.raw)
+                (self._warm.apost if asynchronous else self._warm.post)(url, body, self.http)
+                return
             call = warm_kwargs(self.slow, attempt.kwargs, self.cache_salt, self.warm_ahead.timeout_s)
         except Exception as exc:  # building a warm never raises into the caller
             self._warm.abandon(exc)

@@ -1,12 +1,12 @@
 """LangChain: a callback handler that accounts chat-model calls in a Session, and a router that reroutes.
 
-    from agentkv.integrations.langchain import AgentKVCallbackHandler, AgentKVRouter
+    from agentkv.integrations.langchain import AgentKVCallbackHandler, ChatAgentKV
 
     handler = AgentKVCallbackHandler(session, block_overflow=True)
     model.invoke(messages, config={"callbacks": [handler]})   # counted, warmed, stopped if it cannot fit
     session.ledger, handler.counters
 
-    router = AgentKVRouter(fast_model, slow_model, session).bind_tools(tools)
+    router = ChatAgentKV(fast_model, slow_model, session).bind_tools(tools)
     router.invoke(messages)                                    # the Session's route picks the model
 
 The handler sees each call before it is sent: it converts the messages and the bound tools
@@ -15,7 +15,10 @@ ledger holds exact counts and warm-ahead fires when the conversation crosses its
 the call ends it records the response's cached tokens; when it fails with a context overflow it
 counts it. A callback cannot change which model LangChain calls, so ``block_overflow=True`` can
 only stop a call that will not fit (raising :class:`~agentkv.errors.ContextOverflowError` that
-names the slow backend); :class:`AgentKVRouter` is the pattern that actually reroutes.
+names the slow backend); :class:`ChatAgentKV` (or the httpx transport of
+:mod:`agentkv.integrations.openai`) is the pattern that actually reroutes. The handler cannot add the
+tenant's ``cache_salt`` to the requests it observes: it warns once when a self-hosted call lacks it
+(fix: ``ChatOpenAI(..., extra_body={"cache_salt": session.cache_salt})``).
 
 Use :class:`AgentKVCallbackHandler` with ``invoke`` and :class:`AsyncAgentKVCallbackHandler` with
 ``ainvoke``: LangChain swallows errors raised by an async handler under a sync ``invoke``, so
@@ -24,38 +27,77 @@ blocking only works with the matching twin.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
-from langchain_core.messages import BaseMessage, HumanMessage, convert_to_messages, convert_to_openai_messages
-from langchain_core.prompt_values import PromptValue
-from langchain_core.runnables import Runnable, RunnableConfig
+from cachetools import LRUCache
+from langchain_core.callbacks import (
+    AsyncCallbackHandler, AsyncCallbackManagerForLLMRun, BaseCallbackHandler, CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
+from langchain_core.runnables import Runnable, RunnableBinding
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
-from agentkv._session.attempts import OBSERVED_KEYS, Observation
+from agentkv._session.attempts import OBSERVED_KEYS, Attempt, Observation
+
+_SALT_WARNED: LRUCache[str, bool] = LRUCache(maxsize=4096)  # Sessions already warned about a missing salt
+_SALT_LOCK = threading.Lock()
 
 COUNTERS = ("observed", "blocked", "usage_recorded", "overflow_errors", "other_errors", "unknown_runs")
 
 
 # ----------------------------------------------------------------------------- pure helpers
 def chat_request(messages: Sequence[BaseMessage], invocation_params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The OpenAI-style request kwargs of one LangChain chat call: messages, plus bound tools and budgets."""
+    """The OpenAI-style request kwargs of one LangChain chat call: messages, plus bound tools and budgets.
+
+    Messages are serialised as ``ChatOpenAI`` serialises them (content blocks stay a list), so the
+    count and the warm match the request that is actually sent.
+    """
     params = invocation_params or {}
-    request: dict[str, Any] = {"messages": convert_to_openai_messages(list(messages))}
+    request: dict[str, Any] = {"messages": openai_messages(messages)}
     for key in OBSERVED_KEYS:
         value = params.get(key)
         if value is None or (key.startswith("max_") and (not isinstance(value, int) or value < 1)):
             continue
         request[key] = [convert_to_openai_tool(t) for t in value] if key == "tools" else value
     return request
+
+
+def openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """The messages as ``ChatOpenAI`` puts them on the wire (its own converter when langchain-openai is here)."""
+    try:
+        from langchain_openai.chat_models.base import _convert_from_v1_to_chat_completions, _convert_message_to_dict
+    except ImportError:  # without langchain-openai: the same shapes, content blocks kept as a list
+        return [convert_to_openai_messages(m, text_format="block" if isinstance(m.content, list) else "string")
+                for m in messages]
+    return [_convert_message_to_dict(_convert_from_v1_to_chat_completions(m) if isinstance(m, AIMessage) else m)
+            for m in messages]
+
+
+def _first_warning(session_id: str) -> bool:
+    """True the first time a Session is warned about a missing salt (once per Session, any handler)."""
+    with _SALT_LOCK:
+        first = session_id not in _SALT_WARNED
+        _SALT_WARNED[session_id] = True
+        return first
+
+
+def salt_missing(invocation_params: Mapping[str, Any] | None, session: SessionLike) -> bool:
+    """True when a call to a self-hosted fast backend will go out without the Session's ``cache_salt``."""
+    if session.cache_salt is None or not session.fast.api_base:
+        return False
+    extra = (invocation_params or {}).get("extra_body") or {}
+    return not isinstance(extra, Mapping) or extra.get("cache_salt") != session.cache_salt
 
 
 def refusal(observation: Observation, session: SessionLike) -> ContextOverflowError | None:
@@ -129,7 +171,11 @@ class _Accounting:
             self._counts[name] += 1
 
     def _requests(self, messages: list[list[BaseMessage]], kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return [chat_request(batch, kwargs.get("invocation_params")) for batch in messages]
+        params = kwargs.get("invocation_params")
+        if salt_missing(params, self.session) and _first_warning(self.session.session_id):
+            emit("cache_salt_missing", level="warning", session=self.session.session_id,
+                 fix="ChatOpenAI(..., extra_body={'cache_salt': session.cache_salt})")
+        return [chat_request(batch, params) for batch in messages]
 
     def _started(self, run_id: UUID, observations: list[Observation]) -> None:
         with self._lock:
@@ -208,61 +254,155 @@ class AsyncAgentKVCallbackHandler(_Accounting, AsyncCallbackHandler):
 
 
 # ----------------------------------------------------------------------------- the router
-class AgentKVRouter(Runnable[Any, BaseMessage]):
+class ChatAgentKV(BaseChatModel):
     """A chat model that sends each call to ``fast_model`` or ``slow_model`` by the Session's routing decision.
 
-    The call is observed (counted, ledgered, warmed) first; a request routed to slow goes to
-    ``slow_model``, anything else to ``fast_model``; the answer's cached tokens are recorded. The tools
-    counted come from ``tools=``, :meth:`bind_tools` (which binds them to both models), or the tools
-    already bound to ``fast_model``. A request that fits only with a smaller output budget goes to
-    ``fast_model`` unchanged: a router cannot clamp another library's ``max_tokens``.
+    Each call is prepared like :meth:`Session.completion` prepares one (counted as ChatOpenAI sends it,
+    routed, clamped, warmed) and carries the tenant's ``cache_salt`` (on models with ``extra_body``, as
+    ``ChatOpenAI``); a context overflow from fast is re-sent to slow; the answer is recorded (requests,
+    escalations, cached tokens). ``bind_tools``, ``with_structured_output``, token streaming and
+    LangGraph's ``create_react_agent(..., response_format=...)`` work as on any chat model.
 
-        router = AgentKVRouter(ChatOpenAI(base_url=fast_url), ChatOpenAI(base_url=slow_url), session)
-        agent_model = router.bind_tools([search, fetch])
+        model = ChatAgentKV(ChatOpenAI(base_url=fast_url), ChatOpenAI(base_url=slow_url), session)
+        agent_model = model.bind_tools([search, fetch])
     """
 
-    def __init__(self, fast_model: Runnable[Any, Any], slow_model: Runnable[Any, Any], session: SessionLike, *,
-                 tools: Sequence[Any] | None = None) -> None:
-        self.fast_model, self.slow_model, self.session = fast_model, slow_model, session
-        bound = getattr(fast_model, "kwargs", None) or {}  # a RunnableBinding from model.bind_tools(...)
-        self.tools = [convert_to_openai_tool(t) for t in (tools if tools is not None else bound.get("tools") or ())]
-        self.last_role: str | None = None
+    fast_model: Any
+    slow_model: Any
+    session: Any
+    last_role: str | None = None
 
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> AgentKVRouter:
-        """Both models with ``tools`` bound, and a router that counts them."""
-        return AgentKVRouter(self.fast_model.bind_tools(tools, **kwargs),  # type: ignore[attr-defined]
-                             self.slow_model.bind_tools(tools, **kwargs),  # type: ignore[attr-defined]
-                             self.session, tools=tools)
+    def __init__(self, fast_model: Any, slow_model: Any, session: SessionLike, **kwargs: Any) -> None:
+        super().__init__(fast_model=fast_model, slow_model=slow_model, session=session, **kwargs)
 
-    def _request(self, input: Any) -> dict[str, Any]:
-        return chat_request(_as_messages(input), {"tools": self.tools} if self.tools else None)
+    @property
+    def _llm_type(self) -> str:
+        return "agentkv"
 
-    def _model(self, role: str) -> Runnable[Any, Any]:
-        self.last_role = role
-        return self.slow_model if role == "slow" else self.fast_model
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools counted when a call binds none: those already bound to ``fast_model``."""
+        return [convert_to_openai_tool(t) for t in _unwrapped(self.fast_model)[1].get("tools") or ()]
 
-    def _record(self, observation: Observation, answer: Any) -> Any:
-        cached = cached_tokens(answer, None)
-        if cached is not None:
-            self.session.record_usage(observation.turn, cached_tokens=cached)
-        return answer
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None,  # type: ignore[override]
+                   **kwargs: Any) -> Runnable[Any, BaseMessage]:
+        """This model with ``tools`` bound (as OpenAI schemas) to every call, on whichever model answers."""
+        if tool_choice is not None:
+            kwargs["tool_choice"] = _tool_choice(tool_choice)
+        return self.bind(tools=[convert_to_openai_tool(t, strict=kwargs.pop("strict", None)) for t in tools],
+                         **kwargs)
 
-    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> BaseMessage:
-        request = self._request(input)
-        role = self.session.route(**request).role  # ContextOverflowError when no backend holds it
-        observation = self.session.observe(sent_to=role, **request)
-        return self._record(observation, self._model(role).invoke(input, config, **kwargs))
+    # ------------------------------------------------------------- shared steps
+    def _request(self, messages: list[BaseMessage], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        params = {**_unwrapped(self.fast_model)[1], **kwargs}
+        budget = getattr(_unwrapped(self.fast_model)[0], "max_tokens", None)
+        if params.get("max_tokens") is None and isinstance(budget, int):
+            params["max_tokens"] = budget
+        return chat_request(messages, params)
 
-    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> BaseMessage:
-        request = self._request(input)
-        role = (await self.session.aroute(**request)).role
-        observation = await self.session.aobserve(sent_to=role, **request)
-        return self._record(observation, await self._model(role).ainvoke(input, config, **kwargs))
+    def _call(self, attempt: Attempt, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The model this try goes to and its kwargs: bound ones, the clamped budget, the tenant's salt."""
+        self.last_role = attempt.decision.role
+        model, bound = _unwrapped(self.slow_model if attempt.decision.role == "slow" else self.fast_model)
+        call = {**bound, **kwargs}
+        if attempt.decision.reason in ("clamped", "reactive_clamp") and attempt.decision.max_tokens is not None:
+            call["max_tokens"] = attempt.decision.max_tokens
+            if getattr(model, "max_tokens", None) is not None:
+                call["max_completion_tokens"] = attempt.decision.max_tokens
+        salt = self.session.cache_salt
+        if salt is not None and attempt.backend.api_base and hasattr(model, "extra_body"):
+            call["extra_body"] = {**(model.extra_body or {}), **(call.get("extra_body") or {}), "cache_salt": salt}
+        return model, call
+
+    # ------------------------------------------------------------- the four drivers
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        attempt = self.session.prepare(self._request(messages, kwargs))
+        while True:
+            model, call = self._call(attempt, kwargs)
+            try:
+                result = model._generate(messages, stop=stop, run_manager=run_manager, **call)
+            except Exception as error:
+                attempt = self.session.recover(attempt, error)  # anything but an overflow propagates
+                continue
+            self.session.answered(attempt, _usage(result.generations[0].message, result.llm_output))
+            return result  # type: ignore[no-any-return]
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        attempt = await self.session.aprepare(self._request(messages, kwargs))
+        while True:
+            model, call = self._call(attempt, kwargs)
+            try:
+                result = await model._agenerate(messages, stop=stop, run_manager=run_manager, **call)
+            except Exception as error:
+                attempt = await self.session.arecover(attempt, error)
+                continue
+            self.session.answered(attempt, _usage(result.generations[0].message, result.llm_output), asynchronous=True)
+            return result  # type: ignore[no-any-return]
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        attempt = self.session.prepare(self._request(messages, kwargs))
+        while True:
+            model, call = self._call(attempt, kwargs)
+            chunks = model._stream(messages, stop=stop, run_manager=run_manager, **call)
+            try:
+                first = next(chunks, None)  # an overflow is raised before the first chunk
+            except Exception as error:
+                attempt = self.session.recover(attempt, error)
+                continue
+            break
+        usage: dict[str, Any] = {}
+        for chunk in itertools.chain([first] if first is not None else [], chunks):
+            usage = _usage(chunk.message, None) or usage
+            yield chunk
+        self.session.answered(attempt, usage)
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        attempt = await self.session.aprepare(self._request(messages, kwargs))
+        while True:
+            model, call = self._call(attempt, kwargs)
+            chunks = model._astream(messages, stop=stop, run_manager=run_manager, **call)
+            try:
+                first = await anext(chunks, None)
+            except Exception as error:
+                attempt = await self.session.arecover(attempt, error)
+                continue
+            break
+        usage: dict[str, Any] = {}
+        if first is not None:
+            usage = _usage(first.message, None) or usage
+            yield first
+        async for chunk in chunks:
+            usage = _usage(chunk.message, None) or usage
+            yield chunk
+        self.session.answered(attempt, usage, asynchronous=True)
 
 
-def _as_messages(input: Any) -> list[BaseMessage]:
-    if isinstance(input, str):
-        return [HumanMessage(input)]
-    if isinstance(input, PromptValue):
-        return input.to_messages()
-    return convert_to_messages(input)
+AgentKVRouter = ChatAgentKV  # the name before it became a real chat model
+
+
+def _unwrapped(model: Any) -> tuple[Any, dict[str, Any]]:
+    """A chat model and the kwargs bound to it (``model.bind_tools(...)`` gives a RunnableBinding)."""
+    if isinstance(model, RunnableBinding):
+        inner, bound = _unwrapped(model.bound)
+        return inner, {**bound, **model.kwargs}
+    return model, {}
+
+
+def _tool_choice(choice: Any) -> Any:
+    """LangChain's tool_choice spellings in OpenAI's: "any" is "required", a tool name picks that function."""
+    if choice in ("any", True):
+        return "required"
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
+
+
+def _usage(message: Any, llm_output: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A response's cached tokens in OpenAI's ``usage`` shape, for :meth:`Session.answered` ({} when unknown)."""
+    cached = cached_tokens(message, llm_output)
+    return {} if cached is None else {"usage": {"prompt_tokens_details": {"cached_tokens": cached}}}

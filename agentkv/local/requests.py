@@ -224,6 +224,7 @@ class ChatCompletionRequest(SamplingFields):
             if (top == -1 or top > 0) and not data.get("logprobs"):
                 raise ParamError("when using `top_logprobs`, `logprobs` must be set to true.",
                                  parameter="top_logprobs")
+        data = dict(data)  # the defaults below must not edit the body the caller sent (nor the server's request log)
         _check_tool_usage(data)
         return data
 

@@ -20,6 +20,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from agentkv._defaults import process_default
+from agentkv._http import HttpTransport
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
@@ -189,11 +190,26 @@ class WarmAhead:
 
     def send(self, call: dict[str, Any], client: Any) -> None:
         """Send ``call`` through ``client.completion`` on a daemon worker thread."""
+        self._on_thread(lambda: client.completion(**call))
+
+    def asend(self, call: dict[str, Any], client: Any) -> None:
+        """Send ``call`` through ``client.acompletion`` as a task bounded by the policy's timeout."""
+        self._as_task(lambda: client.acompletion(**call))
+
+    def post(self, url: str, body: dict[str, Any], http: HttpTransport) -> None:
+        """POST the warm's raw ``body`` to ``url`` over the HTTP seam on a daemon worker thread."""
+        self._on_thread(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s))
+
+    def apost(self, url: str, body: dict[str, Any], http: HttpTransport) -> None:
+        """POST the warm's raw ``body`` to ``url`` over the async HTTP seam, as a task."""
+        self._as_task(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s))
+
+    def _on_thread(self, send: Callable[[], Any]) -> None:
         lease = self._take_lease()
 
         def job() -> None:
             try:
-                client.completion(**call)
+                send()
                 self._stats.add("warm_completed")
             except Exception as exc:  # a warm never raises into anyone
                 self._failed(exc)
@@ -202,13 +218,12 @@ class WarmAhead:
 
         self._jobs.thread(job)
 
-    def asend(self, call: dict[str, Any], client: Any) -> None:
-        """Send ``call`` through ``client.acompletion`` as a task bounded by the policy's timeout."""
+    def _as_task(self, send: Callable[[], Awaitable[Any]]) -> None:
         lease = self._take_lease()
 
         async def job() -> None:
             try:
-                await client.acompletion(**call)
+                await send()
                 self._stats.add("warm_completed")
             except Exception as exc:  # a warm never raises into anyone
                 self._failed(exc)
