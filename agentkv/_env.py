@@ -7,6 +7,8 @@ Variables:
   when a Session is not given one explicitly.
 - ``AGENTKV_LOG_PROMPTS``: ``1`` lets debug events carry prompt text (off by default; events carry
   sizes and hashes only).
+- ``AGENTKV_CACHE_DIR``: where agentkv keeps what it builds (trained model families); default
+  ``~/.cache/agentkv``.
 - ``TIKTOKEN_CACHE_DIR``: when unset, pointed at the encodings litellm ships, so tiktoken never
   downloads.
 - ``LITELLM_LOCAL_MODEL_COST_MAP``: defaulted to ``True`` before litellm is first imported, so that
@@ -43,6 +45,12 @@ def log_prompts() -> bool:
 def cache_salt_secret() -> str | None:
     """The configured salt secret, or None."""
     return os.environ.get("AGENTKV_CACHE_SALT_SECRET") or None
+
+
+def cache_dir() -> Path:
+    """``AGENTKV_CACHE_DIR``, or ``~/.cache/agentkv``."""
+    configured = os.environ.get("AGENTKV_CACHE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "agentkv"
 
 
 def litellm_tokenizer_dir() -> Path | None:
