@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", default="full", help="find the cached family of this recipe (default full)")
     parser.add_argument("--family", default=None, help="a family folder (default: the recipe's cache folder)")
     parser.add_argument("--backends", default="ridge,mlp")
+    parser.add_argument("--pairs", default=",".join(source for _, source in PAIRS),
+                        help="source members to pair with large (default all three)")
     parser.add_argument("--out", default="mappers/family", help="where the mappers are written")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (the full recipe's context)")
     parser.add_argument("--max-tokens", type=int, default=65536)
@@ -87,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for backend in args.backends.split(","):
         for pair, source in PAIRS:
+            if source not in args.pairs.split(","):
+                continue
             out = Path(args.out) / f"{source}-{backend}"
             refusal = calibrate(family, source, backend, out, args)
             rows.append(row(pair, backend, out, refusal))
