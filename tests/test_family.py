@@ -15,6 +15,8 @@ from agentkv.handoff import choose_handoff, load_mapper  # noqa: E402
 from agentkv.local.family import RECIPES, ensure_family, members  # noqa: E402
 from agentkv.local.family.corpus import split_corpus, stdlib_files  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 CALIBRATION = ["--seq-len", "64", "--max-tokens", "8192", "--decode-tokens", "8", "--k", "2"]
 
 
