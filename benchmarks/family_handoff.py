@@ -30,7 +30,7 @@ def calibrate(family: Path, source: str, backend: str, out: Path, args: argparse
                "--backend", backend, "--seq-len", str(args.seq_len), "--max-tokens", str(args.max_tokens),
                "--decode-tokens", str(args.decode_tokens)]
     print("$", " ".join(command), flush=True)
-    done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         refusal = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
         print(refusal, flush=True)

@@ -17,5 +17,5 @@ from __future__ import annotations
 from agentkv.local.family.build import FAMILY, FamilyPaths, ensure_family, family_root, resolve_recipe
 from agentkv.local.family.recipe import RECIPES, Member, Recipe, Shape, members
 
-__all__ = ["FAMILY", "FamilyPaths", "Member", "RECIPES", "Recipe", "Shape", "ensure_family", "family_root",
+__all__ = ["FAMILY", "RECIPES", "FamilyPaths", "Member", "Recipe", "Shape", "ensure_family", "family_root",
            "members", "resolve_recipe"]

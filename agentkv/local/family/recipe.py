@@ -18,7 +18,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["Member", "RECIPES", "Recipe", "Shape", "members"]
+__all__ = ["RECIPES", "Member", "Recipe", "Shape", "members"]
 
 FAMILY_TOKENIZER = "family"
 OTHER_TOKENIZER = "other"
@@ -73,7 +73,7 @@ class Recipe:
 
     def key(self) -> str:
         """``name-hash``: changes with any field and with the Python version (whose stdlib is the corpus)."""
-        fields = {**asdict(self), "python": "%d.%d" % sys.version_info[:2]}
+        fields = {**asdict(self), "python": "{}.{}".format(*sys.version_info[:2])}
         digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         return f"{self.name}-{digest}"
 
