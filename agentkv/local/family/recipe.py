@@ -110,7 +110,7 @@ RECIPES: dict[str, Recipe] = {
                     heldout_tokens=8192, threads=1),
     # The demo's and the docs' family: 4 x 256 and 8 x 512 sharing 2 KV heads of 64, as the embedded sizes.
     # The demo's and the docs' family: 4 x 256 and 6 x 384, sharing 2 KV heads of 64 (as the embedded sizes).
-    # Measured on two idle cores: ~0.9 s per small step, ~2.5 s per large step; small + large ~12 min.
+    # ~0.9 s per small step measured on two quiet cores, ~2.5 s per large step estimated: small + large ~12 min.
     "full": Recipe(name="full", vocab_size=4096, other_vocab_size=3072, kv_heads=2, head_dim=64,
                    small=Shape(4, 256, 4, 768), large=Shape(6, 384, 6, 1024), seq_len=256, batch_size=16,
                    small_steps=240, large_steps=200, lr=2e-3, minutes=12.0),
