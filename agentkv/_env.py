@@ -9,6 +9,8 @@ Variables:
   warm-ahead guards and discovered windows through that Redis (see ``docs/replicas.md``).
 - ``AGENTKV_LOG_PROMPTS``: ``1`` lets debug events carry prompt text (off by default; events carry
   sizes and hashes only).
+- ``AGENTKV_CACHE_DIR``: where agentkv keeps what it builds (trained model families); default
+  ``~/.cache/agentkv``.
 - ``TIKTOKEN_CACHE_DIR``: when unset, pointed at the encodings litellm ships, so tiktoken never
   downloads.
 - ``LITELLM_LOCAL_MODEL_COST_MAP``: defaulted to ``True`` before litellm is first imported, so that
@@ -50,6 +52,12 @@ def cache_salt_secret() -> str | None:
 def redis_url() -> str | None:
     """The shared state store's URL (``AGENTKV_REDIS_URL``), or None: read on every call."""
     return (os.environ.get("AGENTKV_REDIS_URL") or "").strip() or None
+
+
+def cache_dir() -> Path:
+    """``AGENTKV_CACHE_DIR``, or ``~/.cache/agentkv``."""
+    configured = os.environ.get("AGENTKV_CACHE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "agentkv"
 
 
 def litellm_tokenizer_dir() -> Path | None:

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("agentkv.handoff.cli", "fit a cross-model KV mapper"),
     "evaluate": ("agentkv.handoff.cli", "evaluate a saved KV mapper"),
     "bench": ("agentkv.handoff.cli", "benchmarks: `agentkv bench handoff`"),
+    "train-family": ("agentkv.local.family.cli", "train a small/large model family on the Python stdlib (CPU)"),
 }
 
 

@@ -16,7 +16,7 @@ import torch
 
 from agentkv.handoff.collect import ActivationStore, Progress, collect_from_models, heldout_count, no_progress
 from agentkv.handoff.config import CalibrationConfig
-from agentkv.handoff.errors import HandoffError
+from agentkv.handoff.errors import HandoffError, SignatureMismatchError
 from agentkv.handoff.learned import LearnedMapper
 from agentkv.handoff.linalg import R2Accumulator
 from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
@@ -79,13 +79,17 @@ def calibrate(
     """Fit a mapper from ``source`` to ``target`` on token sequences ([seq] or [batch, seq] each).
 
     The last ``heldout_fraction`` of the sequences are held out: they rank layers, stop MLP training
-    and give the evaluation figures stored with the mapper.
+    and give the evaluation figures stored with the mapper. Models whose signatures name different
+    tokenizers are refused (:class:`SignatureMismatchError`): the same ids would be different text.
     """
     from agentkv.handoff.evaluation import evaluate
 
+    pair = SignaturePair(signature_of(source), signature_of(target))
+    refused = pair.source.tokenizer_mismatch(pair.target)
+    if refused is not None:
+        raise SignatureMismatchError(f"source and target do not share token ids, so no map between them: {refused}")
     store = collect_from_models(source, target, sequences, heldout_fraction=config.heldout_fraction,
                                 strip=config.strip_rope, dtype=getattr(torch, config.store_dtype), progress=progress)
-    pair = SignaturePair(signature_of(source), signature_of(target))
     ropes = RopeTable.from_model(source), RopeTable.from_model(target)
     mapper = fit_store(store, pair, *ropes, backend=backend, config=config, progress=progress)
     heldout = list(sequences)[len(sequences) - heldout_count(len(sequences), config.heldout_fraction):]

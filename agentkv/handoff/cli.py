@@ -96,13 +96,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from agentkv.handoff.calibration import calibrate
     from agentkv.handoff.config import CalibrationConfig, MLPConfig
     from agentkv.handoff.corpus import token_sequences
+    from agentkv.handoff.errors import SignatureMismatchError
 
     source, target, codec = _load_models(args.source, args.target, args)
     sequences = token_sequences(args.corpus, codec, args.seq_len, args.max_tokens)
     config = CalibrationConfig(k=args.k, lam=args.lam, heldout_fraction=args.heldout,
                                eval_decode_tokens=args.decode_tokens,
                                mlp=MLPConfig(hidden=args.mlp_hidden, max_epochs=args.mlp_epochs))
-    mapper = calibrate(source, target, sequences, backend=args.backend, config=config, progress=tqdm_progress)
+    try:
+        mapper = calibrate(source, target, sequences, backend=args.backend, config=config, progress=tqdm_progress)
+    except SignatureMismatchError as refused:
+        raise SystemExit(f"agentkv calibrate: refused: {refused}") from None
     mapper.info.update({"source_spec": args.source, "target_spec": args.target, "corpus": str(args.corpus)})
     mapper.save(args.out)
     _print_manifest(Path(args.out), None)

@@ -21,7 +21,9 @@ class ModelSignature:
 
     ``rope_scaling`` holds the rope parameters other than ``rope_theta`` (``rope_type`` included) as
     sorted ``(key, value)`` pairs, so the signature stays hashable and compares exactly. ``model_id``
-    is informative; it is compared only when both sides name one.
+    is informative; it is compared only when both sides name one. ``tokenizer`` is a fingerprint of
+    the vocabulary (``config.tokenizer_fingerprint``, set by ``agentkv.local.models.load_model``): two
+    caches built from different token ids never match, so it too is compared when both sides name one.
 
         ModelSignature(num_layers=40, kv_heads=8, head_dim=128, rope_theta=1e6, model_id="Qwen/Qwen3-14B")
     """
@@ -32,6 +34,7 @@ class ModelSignature:
     rope_theta: float
     rope_scaling: RopeScaling = ()
     model_id: str = ""
+    tokenizer: str = ""
 
     @classmethod
     def from_config(cls, config: Any, model_id: str = "") -> ModelSignature:
@@ -46,7 +49,8 @@ class ModelSignature:
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         ident = model_id or str(getattr(config, "_name_or_path", "") or "")
-        return cls(text.num_hidden_layers, kv_heads, head_dim, theta, _canonical(rope), ident)
+        vocab = str(getattr(config, "tokenizer_fingerprint", "") or "")
+        return cls(text.num_hidden_layers, kv_heads, head_dim, theta, _canonical(rope), ident, vocab)
 
     @property
     def rope_type(self) -> str:
@@ -63,6 +67,12 @@ class ModelSignature:
             return f"cache geometry {other.describe()} is not {self.describe()}"
         if self.model_id and other.model_id and self.model_id != other.model_id:
             return f"model {other.model_id!r} is not {self.model_id!r}"
+        return self.tokenizer_mismatch(other)
+
+    def tokenizer_mismatch(self, other: ModelSignature) -> str | None:
+        """None unless both sides name a tokenizer and they differ (the token ids mean different text)."""
+        if self.tokenizer and other.tokenizer and self.tokenizer != other.tokenizer:
+            return f"tokenizer {other.tokenizer!r} is not {self.tokenizer!r}"
         return None
 
     def describe(self) -> str:

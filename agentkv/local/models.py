@@ -2,7 +2,8 @@
 
 No weights are downloaded. :func:`build_model` makes a randomly initialised model of a named size with a fixed
 seed, so two processes that build ``"small"`` get identical weights. :func:`load_model` reads a
-``save_pretrained`` folder and its tokenizer, when it has one.
+``save_pretrained`` folder and its tokenizer, when it has one, and records the tokenizer's
+:func:`vocab_fingerprint` on the config (``config.tokenizer_fingerprint``), which the handoff signature compares.
 
 Every size shares ``num_key_value_heads`` and ``head_dim``, so the KV of any two sizes has the same per-layer
 shape ``[kv_heads, seq, head_dim]`` (what a cross-model KV mapper pairs). The vocabulary covers tiktoken's
@@ -17,8 +18,10 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +92,16 @@ def load_model(path: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerB
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa")
-    return model.eval(), _load_tokenizer(Path(path))
+    tokenizer = _load_tokenizer(Path(path))
+    if tokenizer is not None and not getattr(model.config, "tokenizer_fingerprint", None):
+        model.config.tokenizer_fingerprint = vocab_fingerprint(tokenizer.get_vocab())
+    return model.eval(), tokenizer
+
+
+def vocab_fingerprint(vocab: Mapping[str, int]) -> str:
+    """A short hash of a token -> id map: equal exactly when the ids mean the same strings."""
+    text = json.dumps(sorted(vocab.items(), key=lambda item: item[1]), ensure_ascii=False)
+    return "vocab-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:

@@ -19,7 +19,8 @@ from typing import Any
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
     parser.add_argument("--size", default="small", help="model size to build (tiny, small, large)")
-    parser.add_argument("--model-path", default=None, help="serve a save_pretrained folder instead of a size")
+    parser.add_argument("--model-path", "--model", default=None,
+                        help="serve a save_pretrained folder instead of a size")
     parser.add_argument("--window", type=int, default=None, help="max_model_len (default: the size's own)")
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0 picks a free one)")
     parser.add_argument("--served-model-name", default=None, help="model id (default agentkv-SIZE)")
