@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentkv import _env
+import agentkv._env as _env
 from agentkv._defaults import process_default, shared
 from agentkv.errors import ConfigurationError
 from agentkv.state.memory import InProcessStore
