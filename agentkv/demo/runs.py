@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+TRAINED = ("The embedded models are a small family trained on this machine on the Python standard library: "
+           "their text is the models' own, at the quality a few minutes of CPU training buys. The timings, token counts, "
+           "routing and prefix-cache hits are real: every request goes Session -> HTTP -> a torch model.")
 HONESTY = ("The embedded models have random weights: their text is meaningless. The timings, token counts, "
            "routing and prefix-cache hits are real: every request goes Session -> litellm -> HTTP -> a torch model.")
 
@@ -59,6 +62,8 @@ class DemoConfig:
     result_rows: int = 1
     warm_timeout_s: float = 30.0
 
+    trained: str | None = None  # a family recipe ("micro", "full"): trained models instead of random weights
+
     @classmethod
     def quick(cls) -> "DemoConfig":
         return cls(fast_size="tiny", slow_size="tiny", turns_after_escalation=1, tool_latency_s=0.05, max_tokens=4)
@@ -71,9 +76,7 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
     say = console.print if console else (lambda *_: None)
     say(f"starting fast ({config.fast_size}, window {config.fast_window}) and slow ({config.slow_size}, "
         f"window {config.slow_window}) servers on 127.0.0.1 ...")
-    fast = LocalServer.from_size(config.fast_size, window=config.fast_window, model_id=f"agentkv-{config.fast_size}-fast")
-    slow = LocalServer.from_size(config.slow_size, window=config.slow_window, model_id=f"agentkv-{config.slow_size}-slow",
-                                 seed=1)
+    fast, slow = _servers(config, LocalServer)
     with fast, slow:
         _warm_up_kernels(fast, slow)
         say("run 1: warm-ahead on")
@@ -81,6 +84,19 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
         say("run 2: cold (warm-ahead off, another tenant's salt)")
         cold = _run(config, fast, slow, "cold", tenant="demo-cold", warm=False)
     return warm, cold
+
+
+def _servers(config: DemoConfig, server: Any) -> tuple[Any, Any]:
+    """The two servers: random-weight models of the configured sizes, or the trained family's small and large."""
+    if config.trained is None:
+        return (server.from_size(config.fast_size, window=config.fast_window, model_id=f"agentkv-{config.fast_size}-fast"),
+                server.from_size(config.slow_size, window=config.slow_window, model_id=f"agentkv-{config.slow_size}-slow",
+                                 seed=1))
+    from agentkv.local.family import FAMILY, ensure_family
+
+    paths = ensure_family(config.trained, progress=True, only=FAMILY)  # trains small and large unless cached
+    return (server.from_pretrained(paths.small, window=config.fast_window, model_id="agentkv-trained-small"),
+            server.from_pretrained(paths.large, window=config.slow_window, model_id="agentkv-trained-large"))
 
 
 def _backends(fast: Any, slow: Any) -> tuple[Any, Any]:
