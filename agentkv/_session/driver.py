@@ -17,7 +17,7 @@ import asyncio
 import functools
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from agentkv import _env
 from agentkv._http import HttpTransport
@@ -32,8 +32,8 @@ from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy
 from agentkv.routing import (
-    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, is_escalation, no_slow_target,
-    plan_recovery, slow_target,
+    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, interval_decides, is_escalation,
+    no_slow_target, plan_recovery, slow_target,
 )
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import derive_cache_salt
@@ -58,7 +58,9 @@ class Session:
     ``client`` is anything with litellm's ``completion``/``acompletion`` (litellm itself by default,
     imported on first use and never on an event loop);
     ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances; ``http``
-    is the HTTP seam the Session's own counters use (``/tokenize``).
+    is the HTTP seam the Session's own counters use (``/tokenize``). Counts are estimated locally and
+    the exact source (``/tokenize``) asked only where a decision depends on the difference
+    (:meth:`~agentkv.tokens.TokenCounter.count_for`); ``count_exactly=True`` asks it every time.
     ``cache_salt`` is sent as ``extra_body.cache_salt`` to self-hosted backends; when it is not given
     and the Session has a tenant, it is derived as HMAC(``cache_salt_secret``, tenant) (the secret
     defaulting to ``AGENTKV_CACHE_SALT_SECRET``).
@@ -85,6 +87,7 @@ class Session:
         handoff: str | Handoff = "replay",
         mapper: Any = None,
         min_attention_cosine: float | None = None,
+        count_exactly: bool = False,
     ) -> None:
         _check_backends(fast, slow)
         self.fast, self.slow = fast, slow
@@ -94,7 +97,8 @@ class Session:
         self.discovery = discovery or default_discovery()
         self.cache_salt = cache_salt or _derive_salt(tenant, cache_salt_secret)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
-        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http)
+        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http,
+                                                           estimate_first=not count_exactly)
                          for b in self._backends()}
         self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
             handoff, mapper, min_attention_cosine=min_attention_cosine)
@@ -136,7 +140,7 @@ class Session:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
         payload = self._open_request(kwargs)
         facts = self._facts()
-        attempt = self._plan(kwargs, payload, self._counter(self.fast).count(payload), facts)
+        attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
         self._maybe_warm(attempt, facts, asynchronous=False)
         while True:
             if self._needs_handoff(attempt):
@@ -154,7 +158,7 @@ class Session:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
         payload = self._open_request(kwargs)
         facts = await self._afacts()
-        attempt = self._plan(kwargs, payload, await self._counter(self.fast).acount(payload), facts)
+        attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
         self._maybe_warm(attempt, facts, asynchronous=True)
         while True:
             if self._needs_handoff(attempt):
@@ -190,27 +194,27 @@ class Session:
         role = self._sent_to(sent_to)
         payload = self._open_request(kwargs)
         facts = self._facts()
-        return self._observed(kwargs, payload, self._counter(self.fast).count(payload), facts, role, False)
+        return self._observed(kwargs, payload, self._count(kwargs, payload, facts), facts, role, False)
 
     async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
         """The async twin of :meth:`observe` (warms run as tasks)."""
         role = self._sent_to(sent_to)
         payload = self._open_request(kwargs)
         facts = await self._afacts()
-        return self._observed(kwargs, payload, await self._counter(self.fast).acount(payload), facts, role, True)
+        return self._observed(kwargs, payload, await self._acount(kwargs, payload, facts), facts, role, True)
 
     def route(self, **kwargs: Any) -> RouteDecision:
         """The route this Session would choose for a request, sending and recording nothing.
 
         Raises :class:`ContextOverflowError` when no backend can hold it.
         """
-        payload = payload_from_request(kwargs)
-        return self._decide(kwargs, self._counter(self.fast).count(payload), self._facts())
+        payload, facts = payload_from_request(kwargs), self._facts()
+        return self._decide(kwargs, self._count(kwargs, payload, facts), facts)
 
     async def aroute(self, **kwargs: Any) -> RouteDecision:
         """The async twin of :meth:`route`."""
-        payload = payload_from_request(kwargs)
-        return self._decide(kwargs, await self._counter(self.fast).acount(payload), await self._afacts())
+        payload, facts = payload_from_request(kwargs), await self._afacts()
+        return self._decide(kwargs, await self._acount(kwargs, payload, facts), facts)
 
     def count(self, **kwargs: Any) -> TokenCount:
         """Count a request as the fast backend will receive it, without sending anything."""
@@ -277,6 +281,18 @@ class Session:
 
     def _counter(self, backend: Backend) -> TokenCounter:
         return self.counters[backend.label]
+
+    def _count(self, kwargs: Mapping[str, Any], payload: Payload, facts: Facts) -> TokenCount:
+        """Fast's count: the local estimate, or the exact one where a decision depends on it."""
+        return self._counter(self.fast).count_for(payload, self._decides(kwargs, facts))
+
+    async def _acount(self, kwargs: Mapping[str, Any], payload: Payload, facts: Facts) -> TokenCount:
+        return await self._counter(self.fast).acount_for(payload, self._decides(kwargs, facts))
+
+    def _decides(self, kwargs: Mapping[str, Any], facts: Facts) -> Callable[[int, int], bool]:
+        warm = self.warm_ahead.threshold if self.slow is not None else None
+        return functools.partial(interval_decides, max_tokens=_max_tokens(kwargs), fast=facts.fast, slow=facts.slow,
+                                 policy=self.routing, warm_threshold=warm)
 
     def _recount(self, attempt: Attempt) -> TokenCount:
         """The failed backend's count of the request: fast's exact count is reused, others are asked."""
