@@ -18,7 +18,7 @@ import copy
 import threading
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-__all__ = ["AppendCounter", "PrefixMemo"]
+__all__ = ["AppendCounter", "PrefixMemo", "appends_cleanly"]
 
 F = TypeVar("F")
 
@@ -69,8 +69,19 @@ class PrefixMemo(Generic[F]):
 # Incremental counts are checked against a full rendering on the first turns of each template, then on
 # one turn in SPOT_CHECK_EVERY: a template whose rendering of earlier messages changes as messages are
 # appended is caught and counted in full from then on.
-VERIFY_FIRST = 2
+VERIFY_FIRST = 4
 SPOT_CHECK_EVERY = 64
+
+# Templates that look at a message's position from the end (``loop.last``, the last user query as in
+# Qwen3's reasoning stripping, the message count) render earlier messages differently as the
+# conversation grows: they are counted in full without trying.
+POSITION_MARKERS = ("loop.last", "loop.revindex", "loop.length", "loop.nextitem", "messages|length",
+                    "messages | length", "messages[-", "last_query", "namespace(", "reasoning_content")
+
+
+def appends_cleanly(template: str) -> bool:
+    """False for a template that visibly renders a message by its position from the end."""
+    return not any(marker in template for marker in POSITION_MARKERS)
 
 _VERIFIED: dict[str, int] = {}
 _BROKEN: set[str] = set()
@@ -93,6 +104,7 @@ class AppendCounter:
         self._render = render
         self._count_text = count_text
         self._key = template_key
+        self.enabled = True
         self._memo: PrefixMemo[int | None] = PrefixMemo()
         self._anchor: tuple[str, str, int] | None = None  # rendering of messages[:1], closing, its tokens
         self._turns = 0
@@ -100,7 +112,7 @@ class AppendCounter:
 
     def count(self, messages: Sequence[Any], context: Any) -> int | None:
         """The exact count of ``messages`` rendered with the generation prompt, or None (count in full)."""
-        if self._key in _BROKEN:
+        if not self.enabled or self._key in _BROKEN:
             return None
         k, figures = self._memo.common(context, messages)
         base = max((i + 1 for i, f in enumerate(figures) if f is not None), default=0)

@@ -19,9 +19,9 @@ from agentkv.backends import Backend
 from agentkv.events import canonical_json, digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
 from agentkv.tokens.encodings import DEFAULT_ENCODING, encode, get_encoding
-from agentkv.tokens.incremental import AppendCounter, PrefixMemo
+from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
-from agentkv.tokens.templates import render_chat
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
 # A point right after a newline and before a non-space character is a pre-token boundary for the
 # GPT-style splitting regexes (cl100k, o200k, Qwen2): no pre-token runs across it, so token counts of
@@ -97,6 +97,14 @@ class TemplateSource:
         self._appended = AppendCounter(self._render_parts, self._encoder.count,
                                        f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}") \
             if incremental else None
+        if self._appended is not None:
+            self._appended.enabled = appends_cleanly(self._template_text())
+
+    def _template_text(self) -> str:
+        if self._template is not None:
+            return self._template
+        hf_template = getattr(self._hf, "chat_template", None) if self._hf is not None else None
+        return hf_template if isinstance(hf_template, str) else CHATML_TOOLS_TEMPLATE
 
     def render(self, payload: Payload, *, add_generation_prompt: bool = True) -> str:
         """The text the server would tokenize for this payload."""
