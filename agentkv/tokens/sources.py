@@ -333,16 +333,20 @@ class TiktokenSource:
         self._tools: LRUCache[str, int] = LRUCache(256)
         self._lock = threading.Lock()
         self._previous: PrefixMemo[int] = PrefixMemo()  # the last request's per-message counts
+        self._last_tools: int | None = None
+        self._priming: int | None = None
 
     def count(self, payload: Payload) -> TokenCount:
         if payload.messages is None:
             total = self._exact.count(payload).total
             return _estimate(total, 0, 1, self.name)
-        tools = self._tools_tokens(payload)
         context = (payload.tools, payload.tool_choice)
         kept, counts = self._previous.common(context, payload.messages)
+        # kept > 0 means the same tools as the previous request: their count is reused without hashing
+        tools = self._last_tools if kept and self._last_tools is not None else self._tools_tokens(payload)
         counts += [self._message_tokens(m) for m in payload.messages[kept:]]
         self._previous.store(context, payload.messages, kept, counts)
+        self._last_tools = tools
         total = sum(counts) + self._reply_priming() + tools
         return _estimate(total, tools, len(counts), self.name)
 
@@ -369,7 +373,9 @@ class TiktokenSource:
         return cached
 
     def _reply_priming(self) -> int:
-        return self._exact.count(Payload(())).total
+        if self._priming is None:
+            self._priming = self._exact.count(Payload(())).total
+        return self._priming
 
 
 # cl100k is not the backend's tokenizer: other BPE vocabularies differ by up to ~15% on the same text.
