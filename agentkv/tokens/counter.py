@@ -74,7 +74,7 @@ class TokenCounter:
         if self._estimate_suffices(estimate, decides):
             return estimate
         self.exact_asked += 1
-        return self.count(payload)
+        return self._checked(estimate, self.count(payload))
 
     async def acount_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
         """:meth:`count_for` for async callers."""
@@ -82,7 +82,15 @@ class TokenCounter:
         if self._estimate_suffices(estimate, decides):
             return estimate
         self.exact_asked += 1
-        return await self.acount(payload)
+        return self._checked(estimate, await self.acount(payload))
+
+    def _checked(self, estimate: TokenCount, counted: TokenCount) -> TokenCount:
+        """Say so when an exact count falls outside the estimate's interval (the bound's assumption failed)."""
+        low, high = estimate.interval
+        if counted.exact and not low <= counted.total <= high:
+            emit("count_bound_exceeded", level="warning", backend=self._label, source=estimate.source,
+                 estimate=estimate.total, low=low, high=high, exact=counted.total)
+        return counted
 
     def _estimate_suffices(self, estimate: TokenCount, decides: Callable[[int, int], bool]) -> bool:
         if estimate.exact or not any(isinstance(s, ServerSource) and not s.unsupported for s in self.sources):
