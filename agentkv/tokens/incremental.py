@@ -95,8 +95,9 @@ class AppendCounter:
     (and must count a concatenation cut at a newline before a non-space as the sum of its parts: the
     :class:`~agentkv.tokens.ChunkedEncoder` guarantee); ``template_key`` names the template and
     tokenizer for the once-per-template check. :meth:`count` returns None when it cannot count
-    incrementally (first turn, a diverged prefix, a template that failed its check): the caller
-    counts in full and hands the figure to :meth:`remember`.
+    exactly this way (a template that failed its check, a rendering that does not split cleanly):
+    the caller then counts in full. Prefix figures are kept only where the rendering ends with a
+    newline, so that every cut is a pre-token boundary.
     """
 
     def __init__(self, render: Callable[[Sequence[Any], Any, bool], str], count_text: Callable[[str], int],
@@ -108,12 +109,17 @@ class AppendCounter:
         self._memo: PrefixMemo[int | None] = PrefixMemo()
         self._anchor: tuple[str, str, int] | None = None  # rendering of messages[:1], closing, its tokens
         self._turns = 0
+        self._lock = threading.Lock()
         self.incremental_turns = 0
 
     def count(self, messages: Sequence[Any], context: Any) -> int | None:
         """The exact count of ``messages`` rendered with the generation prompt, or None (count in full)."""
         if not self.enabled or self._key in _BROKEN:
             return None
+        with self._lock:  # one request at a time: the memo and the anchor move together
+            return self._count(messages, context)
+
+    def _count(self, messages: Sequence[Any], context: Any) -> int | None:
         k, figures = self._memo.common(context, messages)
         base = max((i + 1 for i, f in enumerate(figures) if f is not None), default=0)
         if base == 0 or self._anchor is None:
@@ -127,13 +133,14 @@ class AppendCounter:
             if not rendered.startswith(anchor):
                 return self._full(messages, context, k)
             delta = rendered[len(anchor):]
-        if not (_joins(anchor, delta) and _joins(delta, closing)):
+        if not (_joins("\n", delta) and _joins(delta or "\n", closing)):  # the prefix ends with a newline
             return self._full(messages, context, k)
         cumulative = prefix + (self._count_text(delta) if delta else 0)
         total = cumulative + closing_tokens
         if self._check_due() and not self._verified(messages, context, total):
             return None
-        self._memo.store(context, messages, k, [*figures[:base], *[None] * (len(messages) - base - 1), cumulative]
+        last = cumulative if not delta or delta.endswith("\n") else None
+        self._memo.store(context, messages, k, [*figures[:base], *[None] * (len(messages) - base - 1), last]
                          if base < len(messages) else figures[:len(messages)])
         self.incremental_turns += 1
         return total
@@ -150,7 +157,8 @@ class AppendCounter:
             return None
         cumulative = self._count_text(bare)
         self._anchor = (anchor, closing, self._count_text(closing) if closing else 0)
-        self._memo.store(context, messages, kept, [*[None] * (len(messages) - 1), cumulative])
+        last = cumulative if bare.endswith("\n") else None
+        self._memo.store(context, messages, kept, [*[None] * (len(messages) - 1), last])
         return cumulative + self._anchor[2]
 
     def _check_due(self) -> bool:
