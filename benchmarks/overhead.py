@@ -11,8 +11,9 @@ requests find the prompt in the prefix cache), then bare ``litellm.completion`` 
 - ``estimate-first``: no tokenizer declared: the tiktoken estimate, ``/tokenize`` only near a boundary.
 
 Prints the median overhead: the Session's time outside its litellm call (what agentkv adds: counting,
-``/tokenize``, discovery, routing, recording), and the paired difference Session minus bare (which
-also carries the server's jitter); and ``/tokenize`` calls per 100 turns.
+``/tokenize``, discovery, routing, recording), the paired difference Session minus bare (which also
+carries the server's jitter), and the Session's time around a client that answers at once (no
+litellm, no model: its own cost, free of other threads' noise); and ``/tokenize`` calls per 100 turns.
 
     python benchmarks/overhead.py               # about 2 minutes on 2 CPU cores
 """
@@ -119,6 +120,25 @@ class TimedClient:
         return await self.litellm.acompletion(**kwargs)
 
 
+class InstantClient(TimedClient):
+    """Answers at once with an empty litellm response: what is left is the Session's own time."""
+
+    def completion(self, **kwargs: Any) -> Any:
+        self.inside.append(0.0)
+        return self.litellm.ModelResponse()
+
+
+def session_only(make_session: Callable[[TimedClient, CountingHttp], Session], litellm: Any,
+                 convos: list[list[list[dict[str, Any]]]], tools: list[dict[str, Any]]) -> list[float]:
+    """Per-turn seconds of ``Session.completion`` around a client that answers at once."""
+    times = []
+    for convo in convos:
+        with make_session(InstantClient(litellm), CountingHttp()) as session:
+            times += [_timed(functools.partial(session.completion, messages=m, tools=tools, max_tokens=1))
+                      for m in convo]
+    return times
+
+
 def run_mode(api_base: str, litellm: Any, make_session: Callable[[TimedClient, CountingHttp], Session],
              convos: list[list[list[dict[str, Any]]]],
              tools: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float], int]:
@@ -167,11 +187,12 @@ def main() -> None:
               f"{Session(declared).count(messages=last, tools=tools).total} tokens")
         for name, make in modes.items():
             bare, mine, own, tokenize = run_mode(api_base, litellm, make, convos, tools)
+            alone = statistics.median(session_only(make, litellm, convos, tools))
             paired = statistics.median(m - b for b, m in zip(bare, mine))
             print(f"{name:15s} overhead median {statistics.median(own) * 1000:5.2f} ms/request (p90 "
                   f"{statistics.quantiles(own, n=10)[-1] * 1000:5.2f})   Session - bare {paired * 1000:+6.2f} ms   "
                   f"bare median {statistics.median(bare) * 1000:6.1f} ms   /tokenize per 100 turns "
-                  f"{100 * tokenize / turns:5.1f}")
+                  f"{100 * tokenize / turns:5.1f}   with an instant client {alone * 1000:5.2f} ms")
 
 
 if __name__ == "__main__":
