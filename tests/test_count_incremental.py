@@ -94,3 +94,20 @@ def test_prefix_memo_finds_the_repeated_messages_and_sees_in_place_edits():
     assert memo.common("other", msgs) == (0, [])
     msgs[2]["tool_calls"][0]["function"]["arguments"] = "{}"
     assert memo.common("ctx", msgs) == (2, [0, 1])
+
+
+def test_a_template_that_renders_tools_in_later_turns_is_counted_with_them():
+    """Appended messages are first rendered without tool schemas; a template that shows them in every user
+    turn fails that check and is counted with the schemas, exactly."""
+    template = CHATML_TOOLS_TEMPLATE.replace(
+        "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '')",
+        "{{- '<|im_start|>' + message.role + '\\n' + ('[tools on] ' if tools else '') + (message.content or '')")
+    assert template != CHATML_TOOLS_TEMPLATE
+    msgs = [{"role": "system", "content": "Be brief."}]
+    for i in range(8):
+        msgs += [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": f"Answer {i}."}]
+    growing = [msgs[:n] for n in range(1, len(msgs) + 1)]
+    with capture_events() as events:
+        got = counts(TemplateSource("cl100k_base", template), growing)
+    assert got == counts(TemplateSource("cl100k_base", template, incremental=False), growing)
+    assert [e for e in events if e["event"] == "incremental_count_disabled"]

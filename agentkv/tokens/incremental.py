@@ -66,9 +66,10 @@ class PrefixMemo(Generic[F]):
             self._context, self._messages, self._figures = None, [], []
 
 
-# Incremental counts are checked against a full rendering on the first turns of each template, then on
-# one turn in SPOT_CHECK_EVERY: a template whose rendering of earlier messages changes as messages are
-# appended is caught and counted in full from then on.
+# Incremental counts are checked against a full rendering on the first turns of each template (and of
+# each set of roles appended: a user turn is checked apart from tool results), then on one turn in
+# SPOT_CHECK_EVERY: a template whose rendering of earlier messages changes as messages are appended
+# is caught and counted in full from then on.
 VERIFY_FIRST = 4
 SPOT_CHECK_EVERY = 64
 
@@ -101,10 +102,14 @@ class AppendCounter:
     """
 
     def __init__(self, render: Callable[[Sequence[Any], Any, bool], str], count_text: Callable[[str], int],
-                 template_key: str) -> None:
+                 template_key: str, lean: Callable[[Any], Any] | None = None) -> None:
         self._render = render
         self._count_text = count_text
         self._key = template_key
+        # ``lean(context)``: the context without what only the first message renders (tool schemas), tried
+        # for the appended messages first; its own checks fall back to the whole context
+        self._lean = lean
+        self._lean_anchor: str | None = None
         self.enabled = True
         self._memo: PrefixMemo[int | None] = PrefixMemo()
         self._anchor: tuple[str, str, int] | None = None  # rendering of messages[:1], closing, its tokens
@@ -127,9 +132,12 @@ class AppendCounter:
         prefix = figures[base - 1]
         assert prefix is not None
         anchor, closing, closing_tokens = self._anchor
+        key, delta_context = self._variant(context)
+        if key != self._key and self._lean_anchor is not None:
+            anchor = self._lean_anchor
         delta = ""
         if base < len(messages):
-            rendered = self._render([messages[0], *messages[base:]], context, False)
+            rendered = self._render([messages[0], *messages[base:]], delta_context, False)
             if not rendered.startswith(anchor):
                 return self._full(messages, context, k)
             delta = rendered[len(anchor):]
@@ -137,7 +145,8 @@ class AppendCounter:
             return self._full(messages, context, k)
         cumulative = prefix + (self._count_text(delta) if delta else 0)
         total = cumulative + closing_tokens
-        if self._check_due() and not self._verified(messages, context, total):
+        checked = f"{key}|{','.join(sorted({str(m.get('role')) for m in messages[base:]}))}"
+        if self._check_due(checked) and not self._verified(key, checked, messages, context, total):
             return None
         last = cumulative if not delta or delta.endswith("\n") else None
         self._memo.store(context, messages, k, [*figures[:base], *[None] * (len(messages) - base - 1), last]
@@ -157,25 +166,34 @@ class AppendCounter:
             return None
         cumulative = self._count_text(bare)
         self._anchor = (anchor, closing, self._count_text(closing) if closing else 0)
+        self._lean_anchor = self._render(messages[:1], self._lean(context), False) if self._lean else None
         last = cumulative if bare.endswith("\n") else None
         self._memo.store(context, messages, kept, [*[None] * (len(messages) - 1), last])
         return cumulative + self._anchor[2]
 
-    def _check_due(self) -> bool:
+    def _variant(self, context: Any) -> tuple[str, Any]:
+        """The check key and the context to render appended messages with: lean while it holds."""
+        lean = f"{self._key}|lean"
+        if self._lean is None or lean in _BROKEN:
+            return self._key, context
+        return lean, self._lean(context)
+
+    def _check_due(self, checked: str) -> bool:
+        """Due on the first turns of each (template, variant, roles appended), then one in SPOT_CHECK_EVERY."""
         self._turns += 1
         with _STATE_LOCK:
-            return _VERIFIED.get(self._key, 0) < VERIFY_FIRST or self._turns % SPOT_CHECK_EVERY == 0
+            return _VERIFIED.get(checked, 0) < VERIFY_FIRST or self._turns % SPOT_CHECK_EVERY == 0
 
-    def _verified(self, messages: Sequence[Any], context: Any, total: int) -> bool:
+    def _verified(self, key: str, checked: str, messages: Sequence[Any], context: Any, total: int) -> bool:
         full = self._count_text(self._render(messages, context, True))
         with _STATE_LOCK:
             if full == total:
-                _VERIFIED[self._key] = _VERIFIED.get(self._key, 0) + 1
+                _VERIFIED[checked] = _VERIFIED.get(checked, 0) + 1
                 return True
-            _BROKEN.add(self._key)
+            _BROKEN.add(key)
         from agentkv.events import emit
 
-        emit("incremental_count_disabled", level="warning", template=self._key[-12:], full=full, incremental=total)
+        emit("incremental_count_disabled", level="warning", template=key[-17:], full=full, incremental=total)
         self._memo.clear()
         return False
 

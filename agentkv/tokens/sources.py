@@ -95,8 +95,8 @@ class TemplateSource:
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
         self._last_tools: tuple[Any, int] | None = None
         self._appended = AppendCounter(self._render_parts, self._encoder.count,
-                                       f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}") \
-            if incremental else None
+                                       f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
+                                       lean=_without_tools) if incremental else None
         if self._appended is not None:
             self._appended.enabled = appends_cleanly(self._template_text())
 
@@ -157,6 +157,11 @@ class TemplateSource:
         context = copy.deepcopy((payload.tools, payload.tool_choice, payload.template_kwargs))
         self._last_tools = (context, self._tool_memo[key])
         return self._tool_memo[key]
+
+
+def _without_tools(context: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """The render context without tool schemas (most templates render them in the first turn only)."""
+    return None, None, context[2]
 
 
 def _tokenizer_name(tokenizer: Any) -> str:
