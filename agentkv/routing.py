@@ -4,7 +4,8 @@
 after a backend answered with a context-overflow error and ``after_recovery`` turns that plan into the
 next try's decision; ``escalate`` is the one composition of a move to slow (proactive or reactive);
 ``slow_target`` holds the cloud-catalog rule; ``as_sent`` describes a request another framework sent;
-``is_escalation`` says which answered request was the move to slow. None does I/O, sleeps or logs:
+``is_escalation`` says which answered request was the move to slow; ``interval_decides`` says whether an
+estimated count is enough, or the exact one is needed. None does I/O, sleeps or logs:
 the Session gathers the inputs and carries the decisions out.
 """
 
@@ -246,6 +247,50 @@ def failover(decision: RouteDecision, *, fast: Target, slow: Target, policy: Rou
         return None
     budget = None if max_tokens is None else min(max_tokens, room)
     return RouteDecision(fast.name, "fast", "failover", route_tokens, fast.window, budget, decision.count_source)
+
+
+def interval_decides(
+    low: int,
+    high: int,
+    *,
+    max_tokens: int | None,
+    fast: Target,
+    slow: Target,
+    policy: RoutePolicy = RoutePolicy(),
+    warm_threshold: float | None = None,
+) -> bool:
+    """True when every count in ``[low, high]`` leads to the same decisions, so an estimate may decide.
+
+    The decisions that depend on the count, and their boundaries (``W`` the fast window, ``S`` the
+    slow one): the route (slow above ``W - output_floor``); the fast clamp (any count with
+    ``count + max_tokens > W``: the clamped budget is ``W - count`` itself); on slow, the refusal
+    (above ``S - output_floor``) and the slow clamp (``count + max_tokens > S``); and warm-ahead
+    (``warm_threshold * W``, the fraction in :class:`~agentkv.warm.WarmAheadPolicy`; None when no
+    warm can fire). Only the count figures the decisions carry (``estimated_input_tokens``) differ
+    between an estimate that decides and the exact count.
+    """
+    if low > high:
+        raise ValueError(f"empty interval [{low}, {high}]")
+    window = fast.window
+    if window is None:
+        return True
+    if warm_threshold is not None and low < warm_threshold * window <= high:
+        return False
+    boundary = window - policy.output_floor
+    if low <= boundary < high:
+        return False
+    if high <= boundary:
+        return max_tokens is None or high + max_tokens <= window
+    return _slow_side_decides(high, max_tokens, slow, policy)
+
+
+def _slow_side_decides(high: int, max_tokens: int | None, slow: Target, policy: RoutePolicy) -> bool:
+    """Above the route boundary: no slow refusal and no slow clamp anywhere up to ``high``."""
+    if not slow.usable or slow.window is None:
+        return True
+    if high + policy.output_floor > slow.window:
+        return False  # a refusal (or a crossing into one) is reported with the exact count
+    return max_tokens is None or high + max_tokens <= slow.window
 
 
 def _stated_prompt(overflow: Overflow) -> int | None:

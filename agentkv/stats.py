@@ -20,7 +20,12 @@ COUNTERS = (
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One request: its tokens, the tool schemas' share, the count source, the route, cached tokens."""
+    """One request: its tokens, the tool schemas' share, the count source, the route, cached tokens.
+
+    ``exact`` says which count the decisions used: the exact one (the template, or the server asked
+    because a decision depended on it) or the estimate (``count_source`` "tiktoken" or "chars", whose
+    interval could not change any decision); :attr:`count_kind` says it in words.
+    """
 
     turn: int
     input_tokens: int
@@ -32,6 +37,11 @@ class LedgerEntry:
     reason: str
     warm: str
     cached_tokens: int | None = None
+
+    @property
+    def count_kind(self) -> str:
+        """"exact" or "estimate": which count this turn's decisions used."""
+        return "exact" if self.exact else "estimate"
 
 
 class SessionStats:

@@ -1,7 +1,9 @@
 """Per-turn token-accounting cost on a 100K-token, 40-tool-call ReAct trace.
 
 Side by side in one run: agentkv's incremental counters (exact template source, approximate tiktoken
-source) against a full recount each turn with ``litellm.token_counter``. Also prints how far
+source) against a full recount each turn with ``litellm.token_counter``; then the last turn's cost
+(the trace's last tool result appended) at 10K, 50K and 100K tokens, best of three, where the
+incremental counter should cost the same at every length. Also prints how far
 ``litellm.token_counter`` is from the template-rendered count of the 20 tool schemas.
 
     python benchmarks/accounting.py
@@ -9,6 +11,7 @@ source) against a full recount each turn with ``litellm.token_counter``. Also pr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -55,6 +58,23 @@ def per_turn_seconds(count, msgs: list[dict]) -> list[float]:
     return times
 
 
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def last_turn_seconds(make_source, msgs: list[dict]) -> float:
+    """The cost of counting ``msgs`` right after ``msgs[:-1]`` was counted, best of three fresh sources."""
+    best = float("inf")
+    for _ in range(3):
+        source = make_source()
+        for n in range(1, len(msgs)):
+            source.count(Payload(tuple(msgs[:n]), tuple(TOOLS)))
+        best = min(best, _timed(functools.partial(source.count, Payload(tuple(msgs), tuple(TOOLS)))))
+    return best
+
+
 def main() -> None:
     litellm = import_litellm()
     msgs = trace()
@@ -72,6 +92,15 @@ def main() -> None:
     base = statistics.mean(results["litellm.token_counter (full)"])
     for name in list(runs)[:2]:
         print(f"speed-up of {name} over full litellm recount: {base / statistics.mean(results[name]):.1f}x")
+    print("last turn (one tool result appended), best of 3:")
+    for calls in (4, 20, 40):
+        convo = trace(calls)
+        size = template.count(Payload(tuple(convo), tuple(TOOLS))).total
+        mine = last_turn_seconds(lambda: TemplateSource("cl100k_base"), convo)
+        full = functools.partial(litellm.token_counter, model="gpt-4", messages=convo, tools=TOOLS)
+        theirs = min(_timed(full) for _ in range(3))
+        print(f"  {size:7d} tokens: incremental exact {mine * 1000:7.3f} ms   litellm.token_counter {theirs * 1000:8.2f} ms"
+              f"   ratio {theirs / mine:6.0f}x")
     probe = [{"role": "user", "content": "hi"}]
     rendered = template.count(Payload(tuple(probe), tuple(TOOLS))).tools
     with_tools = litellm.token_counter(model="gpt-4", messages=probe, tools=TOOLS)

@@ -235,7 +235,8 @@ async def test_a_slow_outage_fails_over_to_fast_when_the_request_fits():
     # fast still holds 1,900 + 100
     exact = FakeHttp(lambda m, u, b: {"count": 1900, "max_model_len": 2048, "tokens": list(range(1900))}
                      if u.endswith("/tokenize") else http.handler(m, u, b))
-    s = Session(*backends(), discovery=WindowDiscovery(http=exact), http=exact, client=client, retry=_no_retry())
+    s = Session(*backends(), discovery=WindowDiscovery(http=exact), http=exact, client=client, retry=_no_retry(),
+                count_exactly=True)
     await s.acompletion(messages=[{"role": "user", "content": "a long tool result"}], max_tokens=100)
     assert s.last_route.role == "fast" and s.last_route.reason == "failover" and s.last_route.max_tokens == 100
     assert [c["api_base"] for c in client.sent] == [SLOW, FAST]

@@ -178,7 +178,7 @@ def test_overflow_errors_are_recognised_and_counted(fresh):
 
 async def test_async_handler_observes_records_and_blocks(fresh):
     """Under ainvoke the async twin accounts the call, records cache reads and blocks an overflowing call."""
-    async with make_session(fresh) as s:
+    async with make_session(fresh, count_exactly=True) as s:
         handler = AsyncAgentKVCallbackHandler(s, block_overflow=True)
         await model(answer(cache_read=32)).ainvoke(history(1), config={"callbacks": [handler]})
         with pytest.raises(ContextOverflowError, match="send it to 'slow'"):

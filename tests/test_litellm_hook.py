@@ -34,7 +34,7 @@ def setup(fresh, litellm_mod):
     fast = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
     slow = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")
     session = Session(fast, slow, discovery=fresh["discovery"], cooldowns=fresh["cooldowns"],
-                      in_flight=fresh["in_flight"], session_id=fresh["session_id"])
+                      in_flight=fresh["in_flight"], session_id=fresh["session_id"], count_exactly=True)
     logger = AgentKVLogger(session)
     litellm_mod.callbacks = [logger]
     yield session, logger, {"model": fast.model, "api_base": fast.api_base}, litellm_mod

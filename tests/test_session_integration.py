@@ -177,14 +177,25 @@ def test_cache_salt_is_sent_to_self_hosted_backends(fresh):
 
 
 def test_ledger_records_each_turn(fresh):
-    """Each request adds a ledger row with its tokens, tool share, count source and cached tokens."""
+    """Each request adds a ledger row with its tokens, tool share, count source (exact when asked for) and cached tokens."""
     msgs, tools = conversation(0)
-    with session(fresh) as s:
+    with session(fresh, count_exactly=True) as s:
         s.completion(messages=msgs, tools=tools, max_tokens=4)
         s.completion(messages=msgs, tools=tools, max_tokens=4)
     first, second = s.ledger
-    assert first.count_source == "server" and first.exact and first.tool_tokens > 600
+    assert first.count_source == "server" and first.count_kind == "exact" and first.tool_tokens > 600
     assert second.cached_tokens and second.cached_tokens >= first.input_tokens - 16
+
+
+def test_ledger_says_a_turn_far_from_every_boundary_used_the_estimate(fresh):
+    """A small turn is decided on the local estimate, says so in the ledger, and sends no /tokenize."""
+    msgs, tools = conversation(0)
+    fresh["fast"].clear_requests()
+    with session(fresh) as s:
+        s.completion(messages=msgs, tools=tools, max_tokens=4)
+    (row,) = s.ledger
+    assert row.count_source == "tiktoken" and row.count_kind == "estimate" and row.tool_tokens > 600
+    assert [r for r in fresh["fast"].requests if r.path == "/tokenize"] == []
 
 
 async def test_async_twin_routes_the_same(fresh):

@@ -89,9 +89,25 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
 
 def _copied(value: Any) -> Any:
     try:
-        return copy.deepcopy(value)
+        return _tree_copy(value)
     except Exception:  # an uncopyable object inside a message: pass a copy of the list, not the caller's
         return list(value)
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _tree_copy(value: Any) -> Any:
+    """``copy.deepcopy`` for JSON-shaped data at a fraction of its cost (plain dicts and lists are rebuilt,
+    immutable leaves shared); anything else is deep-copied."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _tree_copy(v) for k, v in value.items()}
+    if kind is list:
+        return [_tree_copy(v) for v in value]
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
 
 
 def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import asyncio
 import functools
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import agentkv._env as _env
 from agentkv._http import HttpTransport, default_http
@@ -32,8 +32,8 @@ from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy, is_outage
 from agentkv.routing import (
-    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, failover, is_escalation, no_slow_target,
-    plan_recovery, slow_target,
+    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, failover, interval_decides,
+    is_escalation, no_slow_target, plan_recovery, slow_target,
 )
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import resolve_cache_salt
@@ -65,7 +65,9 @@ class Session:
     ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances; ``state``
     (a :class:`~agentkv.state.StateStore`, e.g. ``RedisStore.from_url(url)``; ``AGENTKV_REDIS_URL``
     when not given) shares the warm-ahead guards and discovered windows across replicas; ``http``
-    is the HTTP seam the Session's own counters use (``/tokenize``).
+    is the HTTP seam the Session's own counters use (``/tokenize``). Counts are estimated locally and
+    the exact source (``/tokenize``) asked only where a decision depends on the difference
+    (:meth:`~agentkv.tokens.TokenCounter.count_for`); ``count_exactly=True`` asks it every time.
     ``cache_salt`` is sent as ``extra_body.cache_salt`` to self-hosted backends; when it is not given
     and the Session has a tenant, it is derived as HMAC(``cache_salt_secret``, tenant) (the secret
     defaulting to ``AGENTKV_CACHE_SALT_SECRET``). A tenant on a self-hosted backend with neither is
@@ -97,6 +99,7 @@ class Session:
         handoff: str | Handoff = "replay",
         mapper: Any = None,
         min_attention_cosine: float | None = None,
+        count_exactly: bool = False,
     ) -> None:
         _check_backends(fast, slow)
         self.fast, self.slow = fast, slow
@@ -110,7 +113,8 @@ class Session:
         self.request_timeout_s = _check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
         self.http: HttpTransport = http or default_http()
-        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http)
+        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http,
+                                                           estimate_first=not count_exactly)
                          for b in self._backends()}
         self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
             handoff, mapper, min_attention_cosine=min_attention_cosine)
@@ -151,7 +155,7 @@ class Session:
         kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = self._facts()
-        attempt = self._plan(kwargs, payload, self._counter(self.fast).count(payload), facts)
+        attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
         self._maybe_warm(attempt, facts, asynchronous=False)
         while True:
             if self._needs_handoff(attempt):
@@ -173,7 +177,7 @@ class Session:
         kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = await self._afacts()
-        attempt = self._plan(kwargs, payload, await self._counter(self.fast).acount(payload), facts)
+        attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
         await self._amaybe_warm(attempt, facts)
         while True:
             if self._needs_handoff(attempt):
@@ -212,7 +216,7 @@ class Session:
         role = self._sent_to(sent_to)
         payload = self._open_request(kwargs)
         facts = self._facts()
-        attempt, decision = self._observed(kwargs, payload, self._counter(self.fast).count(payload), facts, role)
+        attempt, decision = self._observed(kwargs, payload, self._count(kwargs, payload, facts), facts, role)
         self._maybe_warm(attempt, facts, asynchronous=False)
         return self._observation(attempt, decision, facts)
 
@@ -221,7 +225,7 @@ class Session:
         role = self._sent_to(sent_to)
         payload = self._open_request(kwargs)
         facts = await self._afacts()
-        attempt, decision = self._observed(kwargs, payload, await self._counter(self.fast).acount(payload), facts, role)
+        attempt, decision = self._observed(kwargs, payload, await self._acount(kwargs, payload, facts), facts, role)
         await self._amaybe_warm(attempt, facts)
         return self._observation(attempt, decision, facts)
 
@@ -235,7 +239,7 @@ class Session:
         """
         payload = self._open_request(dict(body))
         facts = self._facts()
-        attempt = self._prepared(body, payload, self._counter(self.fast).count(payload), facts)
+        attempt = self._prepared(body, payload, self._count(body, payload, facts), facts)
         self._maybe_warm(attempt, facts, asynchronous=False)
         return attempt
 
@@ -243,7 +247,7 @@ class Session:
         """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
         payload = self._open_request(dict(body))
         facts = await self._afacts()
-        attempt = self._prepared(body, payload, await self._counter(self.fast).acount(payload), facts)
+        attempt = self._prepared(body, payload, await self._acount(body, payload, facts), facts)
         await self._amaybe_warm(attempt, facts)
         return attempt
 
@@ -275,13 +279,13 @@ class Session:
 
         Raises :class:`ContextOverflowError` when no backend can hold it.
         """
-        payload = payload_from_request(kwargs)
-        return self._decide(kwargs, self._counter(self.fast).count(payload), self._facts())
+        payload, facts = payload_from_request(kwargs), self._facts()
+        return self._decide(kwargs, self._count(kwargs, payload, facts), facts)
 
     async def aroute(self, **kwargs: Any) -> RouteDecision:
         """The async twin of :meth:`route`."""
-        payload = payload_from_request(kwargs)
-        return self._decide(kwargs, await self._counter(self.fast).acount(payload), await self._afacts())
+        payload, facts = payload_from_request(kwargs), await self._afacts()
+        return self._decide(kwargs, await self._acount(kwargs, payload, facts), facts)
 
     def count(self, **kwargs: Any) -> TokenCount:
         """Count a request as the fast backend will receive it, without sending anything."""
@@ -348,6 +352,18 @@ class Session:
 
     def _counter(self, backend: Backend) -> TokenCounter:
         return self.counters[backend.label]
+
+    def _count(self, kwargs: Mapping[str, Any], payload: Payload, facts: Facts) -> TokenCount:
+        """Fast's count: the local estimate, or the exact one where a decision depends on it."""
+        return self._counter(self.fast).count_for(payload, self._decides(kwargs, facts))
+
+    async def _acount(self, kwargs: Mapping[str, Any], payload: Payload, facts: Facts) -> TokenCount:
+        return await self._counter(self.fast).acount_for(payload, self._decides(kwargs, facts))
+
+    def _decides(self, kwargs: Mapping[str, Any], facts: Facts) -> Callable[[int, int], bool]:
+        warm = self.warm_ahead.threshold if self.slow is not None else None
+        return functools.partial(interval_decides, max_tokens=_max_tokens(kwargs), fast=facts.fast, slow=facts.slow,
+                                 policy=self.routing, warm_threshold=warm)
 
     def _recount(self, attempt: Attempt) -> TokenCount:
         """The failed backend's count of the request: fast's exact count is reused, others are asked."""

@@ -4,7 +4,9 @@
   (:class:`TokenCount`);
 - :mod:`agentkv.tokens.sources`: the sources, best first: the backend's template, the server's
   ``/tokenize``, tiktoken, biased character counts;
-- :mod:`agentkv.tokens.counter`: :class:`TokenCounter`, the ladder that tries them;
+- :mod:`agentkv.tokens.counter`: :class:`TokenCounter`, the ladder that tries them, estimate first;
+- :mod:`agentkv.tokens.incremental`: the previous request, so a turn costs what it appended;
+- :mod:`agentkv.tokens.breaker`: :class:`CircuitBreaker`, so a failing ``/tokenize`` is not waited on;
 - :mod:`agentkv.tokens.encodings`, :mod:`agentkv.tokens.templates`: offline tiktoken encodings and
   the ChatML/Qwen tools template.
 
@@ -12,12 +14,14 @@
     counter.count(payload_from_request({"messages": messages, "tools": tools}))
 """
 
+from agentkv.tokens.breaker import CircuitBreaker
 from agentkv.tokens.counter import TokenCounter
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource, payload_from_request
 from agentkv.tokens.sources import CharSource, ChunkedEncoder, ServerSource, TemplateSource, TiktokenSource
 
 __all__ = [
     "CharSource",
+    "CircuitBreaker",
     "ChunkedEncoder",
     "CountUnavailable",
     "Payload",

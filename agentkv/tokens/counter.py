@@ -12,18 +12,26 @@ Sources, best first (a :class:`TokenCounter` tries them in order and says which 
 
 A payload with both ``messages`` and ``prompt`` counts the messages only: that is what the payload
 builder sends (:func:`payload_from_request`).
+
+Estimate first (:meth:`TokenCounter.count_for`): the local sources (template, tiktoken, characters)
+answer at once with an interval that holds the exact count (:attr:`TokenCount.interval`); the server
+is asked only when the caller's ``decides(low, high)`` says a decision could change inside it
+(:func:`agentkv.routing.interval_decides`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from agentkv._http import HttpTransport
 from agentkv.backends import Backend
 from agentkv.events import emit
+from agentkv.tokens.breaker import CircuitBreaker
 from agentkv.tokens.encodings import DEFAULT_ENCODING
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource
-from agentkv.tokens.sources import CharSource, ServerSource, TemplateSource, TiktokenSource
+from agentkv.tokens.sources import (
+    DEFAULT_TOKENIZE_TIMEOUT_S, CharSource, ServerSource, TemplateSource, TiktokenSource,
+)
 
 __all__ = ["TokenCounter"]
 
@@ -31,32 +39,67 @@ __all__ = ["TokenCounter"]
 class TokenCounter:
     """Counts payloads for one backend, trying its sources best first and saying which answered."""
 
-    def __init__(self, sources: Sequence[TokenSource], *, backend_label: str = "") -> None:
+    def __init__(self, sources: Sequence[TokenSource], *, backend_label: str = "", estimate_first: bool = True) -> None:
         if not sources:
             raise ValueError("a TokenCounter needs at least one source")
         self.sources = list(sources)
         self._label = backend_label
+        self.estimate_first = estimate_first
+        self.exact_asked = 0  # how often count_for asked past the estimate
 
     @classmethod
-    def for_backend(cls, backend: Backend, *, use_server: bool = True,
-                    http: HttpTransport | None = None) -> "TokenCounter":
-        """The ladder for ``backend``: its template, its server's /tokenize, tiktoken, characters."""
+    def for_backend(cls, backend: Backend, *, use_server: bool = True, http: HttpTransport | None = None,
+                    estimate_first: bool = True, tokenize_timeout_s: float = DEFAULT_TOKENIZE_TIMEOUT_S,
+                    breaker: CircuitBreaker | None = None) -> "TokenCounter":
+        """The ladder for ``backend``: its template, its server's /tokenize, tiktoken, characters.
+
+        ``estimate_first``: :meth:`count_for` asks the server only where a decision depends on it
+        (False: always, the all-exact path); ``tokenize_timeout_s`` and ``breaker`` configure the
+        server source (:class:`~agentkv.tokens.ServerSource`)."""
         sources: list[TokenSource | None] = []
         if backend.tokenizer is not None:
             sources.append(TemplateSource(backend.tokenizer, backend.chat_template))
         if use_server and backend.server_root is not None:
-            sources.append(ServerSource(backend, http=http))
+            sources.append(ServerSource(backend, http=http, timeout_s=tokenize_timeout_s, breaker=breaker))
         sources += [_tiktoken_or_none(), CharSource()]
-        return cls([s for s in sources if s is not None], backend_label=backend.label)
+        return cls([s for s in sources if s is not None], backend_label=backend.label, estimate_first=estimate_first)
+
+    def estimate(self, payload: Payload) -> TokenCount:
+        """The best count the local sources give (exact from a declared template), with its interval."""
+        return _first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload, self._label)
+
+    def count_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
+        """The estimate when ``decides(low, high)`` says its interval is enough, else :meth:`count`."""
+        estimate = self.estimate(payload)
+        if self._estimate_suffices(estimate, decides):
+            return estimate
+        self.exact_asked += 1
+        return self._checked(estimate, self.count(payload))
+
+    async def acount_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
+        """:meth:`count_for` for async callers."""
+        estimate = self.estimate(payload)
+        if self._estimate_suffices(estimate, decides):
+            return estimate
+        self.exact_asked += 1
+        return self._checked(estimate, await self.acount(payload))
+
+    def _checked(self, estimate: TokenCount, counted: TokenCount) -> TokenCount:
+        """Say so when an exact count falls outside the estimate's interval (the bound's assumption failed)."""
+        low, high = estimate.interval
+        if counted.exact and not low <= counted.total <= high:
+            emit("count_bound_exceeded", level="warning", backend=self._label, source=estimate.source,
+                 estimate=estimate.total, low=low, high=high, exact=counted.total)
+        return counted
+
+    def _estimate_suffices(self, estimate: TokenCount, decides: Callable[[int, int], bool]) -> bool:
+        if estimate.exact or not any(isinstance(s, ServerSource) and not s.unsupported for s in self.sources):
+            return True
+        return self.estimate_first and decides(*estimate.interval)
 
     def count(self, payload: Payload) -> TokenCount:
         """The best count any source can give; a failing source is logged and skipped."""
-        for source in self.sources:
-            try:
-                return source.count(payload)
-            except CountUnavailable as exc:
-                emit("count_source_unavailable", level="debug", backend=self._label, source=source.name, reason=str(exc))
-        raise AssertionError("CharSource never fails")  # pragma: no cover
+        return _first_count(self.sources, payload, self._label)
 
     async def acount(self, payload: Payload) -> TokenCount:
         """:meth:`count` for async callers: server sources are asked over async HTTP."""
@@ -89,6 +132,15 @@ class TokenCounter:
 
     def _id_sources(self) -> list[TemplateSource | ServerSource]:
         return [s for s in self.sources if isinstance(s, (TemplateSource, ServerSource))]
+
+
+def _first_count(sources: Sequence[TokenSource], payload: Payload, label: str) -> TokenCount:
+    for source in sources:
+        try:
+            return source.count(payload)
+        except CountUnavailable as exc:
+            emit("count_source_unavailable", level="debug", backend=label, source=source.name, reason=str(exc))
+    raise AssertionError("CharSource never fails")  # pragma: no cover
 
 
 def _approximate_ids(payload: Payload, add_generation_prompt: bool) -> list[int]:

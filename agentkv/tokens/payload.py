@@ -70,7 +70,9 @@ class TokenCount:
 
     ``total`` is the best estimate (routing uses it); ``safe`` is never below it and is what the
     output-budget clamp uses (equal to ``total`` when exact); ``tools`` is the part taken by tool
-    schemas; ``source`` names the source that answered.
+    schemas; ``source`` names the source that answered. ``low``/``high`` bound the exact count an
+    estimate stands for (:attr:`interval`; both equal ``total`` when exact, ``total``/``safe`` when a
+    source states no bound).
     """
 
     total: int
@@ -78,6 +80,17 @@ class TokenCount:
     tools: int
     source: str
     exact: bool
+    low: int | None = None
+    high: int | None = None
+
+    @property
+    def interval(self) -> tuple[int, int]:
+        """``(low, high)``: the exact count lies in it (a point when exact)."""
+        if self.exact:
+            return self.total, self.total
+        low = self.total if self.low is None else min(self.low, self.total)
+        high = max(self.safe, self.total) if self.high is None else max(self.high, self.safe, self.total)
+        return low, high
 
     @property
     def tools_share(self) -> float:

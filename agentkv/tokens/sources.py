@@ -6,6 +6,7 @@ Each source counts a :class:`~agentkv.tokens.Payload` or raises
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import threading
@@ -16,14 +17,20 @@ from cachetools import LRUCache
 from agentkv._http import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend
 from agentkv.events import canonical_json, digest, emit
+from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
 from agentkv.tokens.encodings import DEFAULT_ENCODING, encode, get_encoding
+from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
-from agentkv.tokens.templates import render_chat
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
 # A point right after a newline and before a non-space character is a pre-token boundary for the
 # GPT-style splitting regexes (cl100k, o200k, Qwen2): no pre-token runs across it, so token counts of
 # the pieces add up exactly. Each tokenizer is checked once before chunking is trusted.
-_CHUNK_BOUNDARY = re.compile(r"(?<=\n)(?=\S)")
+# /tokenize is a fast call (a tokenizer pass on the server); a server that takes longer is treated as
+# failing and its breaker opens (:mod:`agentkv.tokens.breaker`).
+DEFAULT_TOKENIZE_TIMEOUT_S = 2.0
+
+_CHUNK_BOUNDARY = re.compile(r"(?<=\n)(?=[ \t]*\S)")
 
 
 class ChunkedEncoder:
@@ -36,25 +43,29 @@ class ChunkedEncoder:
 
     def __init__(self, encode_fn: Callable[[str], Sequence[int]], maxsize: int = 65536) -> None:
         self._encode = encode_fn
-        self._memo: LRUCache[str, int] = LRUCache(maxsize)
-        self._lock = threading.Lock()
+        self._memo: dict[str, int] = {}  # a plain dict (atomic get/set): emptied when it outgrows maxsize
+        self._maxsize = maxsize
         self._chunking: bool | None = None
+
+    @property
+    def splits_exactly(self) -> bool:
+        """True once the first count showed that chunked counts equal whole ones for this tokenizer."""
+        return bool(self._chunking)
 
     def count(self, text: str) -> int:
         if self._chunking is None:
             self._chunking = self._chunking_is_exact(text)
         if not self._chunking:
             return len(self._encode(text))
-        return sum(self._count_chunk(chunk) for chunk in _CHUNK_BOUNDARY.split(text))
-
-    def _count_chunk(self, chunk: str) -> int:
-        with self._lock:
-            cached = self._memo.get(chunk)
-        if cached is None:
-            cached = len(self._encode(chunk))
-            with self._lock:
-                self._memo[chunk] = cached
-        return cached
+        memo, total = self._memo, 0
+        for chunk in _CHUNK_BOUNDARY.split(text):
+            cached = memo.get(chunk)
+            if cached is None:
+                cached = memo[chunk] = len(self._encode(chunk))
+            total += cached
+        if len(memo) > self._maxsize:
+            memo.clear()
+        return total
 
     def _chunking_is_exact(self, text: str) -> bool:
         sample = text if len(text) < 200_000 else text[:200_000]
@@ -66,17 +77,34 @@ class ChunkedEncoder:
 
 
 class TemplateSource:
-    """Exact counts from the backend's own tokenizer and chat template."""
+    """Exact counts from the backend's own tokenizer and chat template.
+
+    With ``incremental`` (the default), a request that extends the previous one counted by this
+    source renders and tokenizes only the appended messages and the template's closing
+    (:class:`~agentkv.tokens.incremental.AppendCounter`); anything else is rendered in full.
+    """
 
     name = "template"
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, *, incremental: bool = True) -> None:
         tiktoken_name = isinstance(tokenizer, str) and _is_tiktoken_name(tokenizer)
         self._hf = None if tiktoken_name else _hf_tokenizer(tokenizer)
         self._encode = _encode_fn(self._hf if self._hf is not None else get_encoding(tokenizer), self._hf is not None)
         self._encoder = ChunkedEncoder(self._encode)
         self._template = chat_template
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
+        self._last_tools: tuple[Any, int] | None = None
+        self._appended = AppendCounter(self._render_parts, self._encoder.count,
+                                       f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
+                                       lean=_without_tools) if incremental else None
+        if self._appended is not None:
+            self._appended.enabled = appends_cleanly(self._template_text())
+
+    def _template_text(self) -> str:
+        if self._template is not None:
+            return self._template
+        hf_template = getattr(self._hf, "chat_template", None) if self._hf is not None else None
+        return hf_template if isinstance(hf_template, str) else CHATML_TOOLS_TEMPLATE
 
     def render(self, payload: Payload, *, add_generation_prompt: bool = True) -> str:
         """The text the server would tokenize for this payload."""
@@ -100,19 +128,46 @@ class TemplateSource:
         return list(self._encode(self.render(payload, add_generation_prompt=add_generation_prompt)))
 
     def count(self, payload: Payload) -> TokenCount:
-        total = self._encoder.count(self.render(payload))
+        total = None
+        if self._appended is not None and payload.messages and self._encoder.splits_exactly:
+            context = (payload.tools, payload.tool_choice, payload.template_kwargs)
+            total = self._appended.count(payload.messages, context)
+        if total is None:
+            total = self._encoder.count(self.render(payload))
         tools = self._tools_tokens(payload)
         return TokenCount(total, total, min(tools, total), self.name, True)
+
+    def _render_parts(self, messages: Sequence[Mapping[str, Any]], context: tuple[Any, Any, Any],
+                      add_generation_prompt: bool) -> str:
+        tools, tool_choice, template_kwargs = context
+        payload = Payload(tuple(messages), tools, tool_choice, template_kwargs=template_kwargs)
+        return self.render(payload, add_generation_prompt=add_generation_prompt)
 
     def _tools_tokens(self, payload: Payload) -> int:
         if not payload.tools or payload.messages is None:
             return 0
+        last = self._last_tools
+        if last is not None and last[0] == (payload.tools, payload.tool_choice, payload.template_kwargs):
+            return last[1]  # the previous request's tools, compared without re-serialising them
         key = digest([payload.tools, payload.tool_choice])
         if key not in self._tool_memo:
             bare = Payload(messages=(), tools=payload.tools, tool_choice=payload.tool_choice,
                            template_kwargs=payload.template_kwargs)
             self._tool_memo[key] = self._encoder.count(self.render(bare, add_generation_prompt=False))
+        context = copy.deepcopy((payload.tools, payload.tool_choice, payload.template_kwargs))
+        self._last_tools = (context, self._tool_memo[key])
         return self._tool_memo[key]
+
+
+def _without_tools(context: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """The render context without tool schemas (most templates render them in the first turn only)."""
+    return None, None, context[2]
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    if isinstance(tokenizer, str):
+        return tokenizer
+    return f"{type(tokenizer).__name__}:{getattr(tokenizer, 'name_or_path', id(tokenizer))}"
 
 
 def _is_tiktoken_name(name: str) -> bool:
@@ -137,20 +192,25 @@ class ServerSource:
     """Exact counts from vLLM's ``POST /tokenize`` (chat form), cached per payload digest.
 
     ``http`` is the HTTP seam (:func:`agentkv._http.default_http` unless given). A server without
-    ``/tokenize`` (404/405) is remembered and not asked again by this source. The sync and the async
-    methods share one cache and one body builder; only the transport call differs.
+    ``/tokenize`` (404/405) is remembered and not asked again by this source. A timeout, a failed
+    connection or a 5xx opens ``breaker`` (by default the process's breaker for this URL,
+    :func:`~agentkv.tokens.breaker.shared_breaker`): until its back-off ends, the source is not asked
+    and the counter's next source answers. The sync and the async methods share one cache and one
+    body builder; only the transport call differs.
     """
 
     name = "server"
 
-    def __init__(self, backend: Backend, *, http: HttpTransport | None = None, timeout_s: float = 5.0,
-                 maxsize: int = 512) -> None:
+    def __init__(self, backend: Backend, *, http: HttpTransport | None = None,
+                 timeout_s: float = DEFAULT_TOKENIZE_TIMEOUT_S, maxsize: int = 512,
+                 breaker: CircuitBreaker | None = None) -> None:
         if backend.server_root is None:
             raise CountUnavailable(f"backend {backend.label!r} has no api_base to ask /tokenize")
         self._backend = backend
         self._url = f"{backend.server_root}/tokenize"
         self._http = http or default_http()
         self._timeout_s = timeout_s
+        self.breaker = breaker or shared_breaker(self._url)
         self._memo: LRUCache[str, dict[str, Any]] = LRUCache(maxsize)
         self._lock = threading.Lock()
         self.unsupported = False
@@ -176,10 +236,12 @@ class ServerSource:
         key, cached = self._remembered(body)
         if cached is not None:
             return cached
+        self._admit()
         try:
             answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s)
         except HttpError as exc:
             raise self._unavailable(exc) from exc
+        self.breaker.succeeded()
         return self._remember(key, self._checked(answer))
 
     async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,10 +249,12 @@ class ServerSource:
         key, cached = self._remembered(body)
         if cached is not None:
             return cached
+        self._admit()
         try:
             answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s)
         except HttpError as exc:
             raise self._unavailable(exc) from exc
+        self.breaker.succeeded()
         return self._remember(key, self._checked(answer))
 
     def count(self, payload: Payload) -> TokenCount:
@@ -236,9 +300,19 @@ class ServerSource:
             self._memo[key] = answer
         return answer
 
+    def _admit(self) -> None:
+        if not self.breaker.allow():
+            raise CountUnavailable("/tokenize circuit open after a recent timeout or server error")
+
     def _unavailable(self, exc: HttpError) -> CountUnavailable:
         if exc.status_code in (404, 405):
             self.unsupported = True
+        if exc.timed_out or exc.status_code is None or exc.status_code >= 500:
+            self.breaker.failed()
+            emit("count_source_breaker_open", level="warning", source=self.name, backend=self._backend.label,
+                 status=exc.status_code, timed_out=exc.timed_out)
+        else:
+            self.breaker.succeeded()  # it answered: the server is up, this body was refused
         return CountUnavailable(f"/tokenize failed: {exc}")
 
     def _checked(self, answer: Any) -> dict[str, Any]:
@@ -259,19 +333,27 @@ class TiktokenSource:
     name = "tiktoken"
 
     def __init__(self, encoding: str = DEFAULT_ENCODING, maxsize: int = 65536) -> None:
-        self._exact = TemplateSource(encoding)
+        self._exact = TemplateSource(encoding, incremental=False)
         self._messages: LRUCache[str, int] = LRUCache(maxsize)
         self._tools: LRUCache[str, int] = LRUCache(256)
         self._lock = threading.Lock()
+        self._previous: PrefixMemo[int] = PrefixMemo()  # the last request's per-message counts
+        self._last_tools: int | None = None
+        self._priming: int | None = None
 
     def count(self, payload: Payload) -> TokenCount:
         if payload.messages is None:
             total = self._exact.count(payload).total
-            return TokenCount(total, _with_margin(total), 0, self.name, False)
-        tools = self._tools_tokens(payload)
-        body = sum(self._message_tokens(m) for m in payload.messages) + self._reply_priming()
-        total = body + tools
-        return TokenCount(total, _with_margin(total), tools, self.name, False)
+            return _estimate(total, 0, 1, self.name)
+        context = (payload.tools, payload.tool_choice)
+        kept, counts = self._previous.common(context, payload.messages)
+        # kept > 0 means the same tools as the previous request: their count is reused without hashing
+        tools = self._last_tools if kept and self._last_tools is not None else self._tools_tokens(payload)
+        counts += [self._message_tokens(m) for m in payload.messages[kept:]]
+        self._previous.store(context, payload.messages, kept, counts)
+        self._last_tools = tools
+        total = sum(counts) + self._reply_priming() + tools
+        return _estimate(total, tools, len(counts), self.name)
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
         key = digest(message, 24)
@@ -296,11 +378,34 @@ class TiktokenSource:
         return cached
 
     def _reply_priming(self) -> int:
-        return self._exact.count(Payload(())).total
+        if self._priming is None:
+            self._priming = self._exact.count(Payload(())).total
+        return self._priming
 
 
 # cl100k is not the backend's tokenizer: other BPE vocabularies differ by up to ~15% on the same text.
 CROSS_TOKENIZER_MARGIN = 0.15
+
+
+# Beyond the proportional margin, another template may spend a different number of tokens on each
+# message's framing (role headers, separators; ChatML written as text costs about 10 in cl100k, a
+# special-token header 3 to 5) and on a fixed preamble (a default system prompt, a date line).
+PER_MESSAGE_SLACK = 8
+FIXED_SLACK = 32
+
+
+def estimate_interval(total: int, messages: int) -> tuple[int, int]:
+    """``(low, high)`` around a cl100k/ChatML estimate: the backend's exact count lies in it when its
+    tokenizer counts the same text within :data:`CROSS_TOKENIZER_MARGIN` of cl100k either way and its
+    template's framing differs by at most the slacks. ``benchmarks/count_bounds.py`` measures it."""
+    slack = FIXED_SLACK + PER_MESSAGE_SLACK * messages
+    low = math.floor(total / (1 + CROSS_TOKENIZER_MARGIN)) - slack
+    return max(0, low), _with_margin(total) + slack
+
+
+def _estimate(total: int, tools: int, messages: int, source: str) -> TokenCount:
+    low, high = estimate_interval(total, messages)
+    return TokenCount(total, _with_margin(total), tools, source, False, low, high)
 
 
 def _with_margin(total: int) -> int:
@@ -315,7 +420,10 @@ class CharSource:
 
     def count(self, payload: Payload) -> TokenCount:
         tools = len(canonical_json(list(payload.tools or []))) // 4
-        return TokenCount(_chars_low(payload), _chars_high(payload), tools, self.name, False)
+        # no tokenizer known: any count from 0 to one token per UTF-8 byte (a loose bound, so an exact
+        # source is asked wherever a decision could depend on it)
+        return TokenCount(_chars_low(payload), _chars_high(payload), tools, self.name, False, 0,
+                          4 * payload.char_count() + FIXED_SLACK)
 
 
 def _chars_low(payload: Payload) -> int:

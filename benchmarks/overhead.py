@@ -1,0 +1,199 @@
+"""Per-request overhead of a Session against bare litellm, to the same vLLM-like server on loopback.
+
+One embedded server (``agentkv serve --size tiny``, the ``LocalServer`` in its own process, as vLLM
+would be), growing agent conversations (20 turns, 12
+tools, about 110 tokens of tool output per turn, from 1.2K to 5.6K tokens). Each turn is sent once untimed (so both timed
+requests find the prompt in the prefix cache), then bare ``litellm.completion`` and
+``Session.completion`` are timed side by side, in alternating order. Per count mode:
+
+- ``server``: no tokenizer declared, ``count_exactly=True``: ``/tokenize`` on every turn;
+- ``template``: tokenizer and chat template declared: exact, local, incremental;
+- ``estimate-first``: no tokenizer declared: the tiktoken estimate, ``/tokenize`` only near a boundary.
+
+Prints the median overhead: the Session's time outside its litellm call (what agentkv adds: counting,
+``/tokenize``, discovery, routing, recording), the paired difference Session minus bare (which also
+carries the server's jitter), and the Session's time around a client that answers at once (no
+litellm, no model: its own cost, free of other threads' noise); and ``/tokenize`` calls per 100 turns.
+
+    python benchmarks/overhead.py               # about 2 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import structlog  # noqa: E402
+
+from agentkv import Backend, Session  # noqa: E402
+from agentkv._env import import_litellm  # noqa: E402
+from agentkv._http import default_http  # noqa: E402
+from agentkv.demo.script import TOOLS, ScriptedAgent  # noqa: E402
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE  # noqa: E402
+
+
+@contextlib.contextmanager
+def served(window: int) -> Iterator[str]:
+    """``agentkv serve`` in a child process on a free port; yields its api_base."""
+    command = [sys.executable, "-m", "agentkv.cli", "serve", "--size", "tiny", "--window", str(window), "--port", "0",
+               "--served-model-name", "agentkv-tiny"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    try:
+        lines = iter(child.stdout.readline, "")
+        line = next((line for line in lines if line.startswith("agentkv serve:")), "")
+        if " at " not in line:
+            raise RuntimeError("agentkv serve did not start")
+        threading.Thread(target=lambda: [None for _ in lines], daemon=True).start()  # keep its log pipe flowing
+        yield line.rsplit(" at ", 1)[1].strip()
+    finally:
+        child.terminate()
+        child.wait(10)
+
+
+class CountingHttp:
+    """The default HTTP seam, counting the ``/tokenize`` calls that go through it."""
+
+    def __init__(self) -> None:
+        self.http, self.tokenize = default_http(), 0
+
+    def get_json(self, url: str, *, timeout_s: float) -> Any:
+        return self.http.get_json(url, timeout_s=timeout_s)
+
+    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+        self.tokenize += url.endswith("/tokenize")
+        return self.http.post_json(url, body, timeout_s=timeout_s)
+
+    async def aget_json(self, url: str, *, timeout_s: float) -> Any:
+        return await self.http.aget_json(url, timeout_s=timeout_s)
+
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+        self.tokenize += url.endswith("/tokenize")
+        return await self.http.apost_json(url, body, timeout_s=timeout_s)
+
+
+def conversations(count: int, turns: int, rows: int) -> list[list[list[dict[str, Any]]]]:
+    """``count`` conversations, each as its ``turns`` growing message lists."""
+    result = []
+    for seed in range(count):
+        agent = ScriptedAgent(result_rows=rows, seed=seed)
+        msgs, growing = agent.opening(), []
+        for _ in range(turns):
+            msgs = msgs + agent.next_turn()
+            growing.append(msgs)
+        result.append(growing)
+    return result
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class TimedClient:
+    """litellm, with the time spent inside each ``completion`` call recorded."""
+
+    def __init__(self, litellm: Any) -> None:
+        self.litellm = litellm
+        self.inside: list[float] = []
+
+    def completion(self, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.litellm.completion(**kwargs)
+        finally:
+            self.inside.append(time.perf_counter() - start)
+
+    async def acompletion(self, **kwargs: Any) -> Any:  # pragma: no cover - the benchmark is sync
+        return await self.litellm.acompletion(**kwargs)
+
+
+class InstantClient(TimedClient):
+    """Answers at once with an empty litellm response: what is left is the Session's own time."""
+
+    def completion(self, **kwargs: Any) -> Any:
+        self.inside.append(0.0)
+        return self.litellm.ModelResponse()
+
+
+def session_only(make_session: Callable[[TimedClient, CountingHttp], Session], litellm: Any,
+                 convos: list[list[list[dict[str, Any]]]], tools: list[dict[str, Any]]) -> list[float]:
+    """Per-turn seconds of ``Session.completion`` around a client that answers at once."""
+    times = []
+    for convo in convos:
+        with make_session(InstantClient(litellm), CountingHttp()) as session:
+            times += [_timed(functools.partial(session.completion, messages=m, tools=tools, max_tokens=1))
+                      for m in convo]
+    return times
+
+
+def run_mode(api_base: str, litellm: Any, make_session: Callable[[TimedClient, CountingHttp], Session],
+             convos: list[list[list[dict[str, Any]]]],
+             tools: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float], int]:
+    """Per-turn seconds: bare, Session, and the Session's own part (outside litellm); /tokenize calls."""
+    bare_kwargs = {"model": "hosted_vllm/agentkv-tiny", "api_base": api_base, "max_tokens": 1}
+    bare, mine, own, http = [], [], [], CountingHttp()
+    for convo in convos:
+        client = TimedClient(litellm)
+        with make_session(client, http) as session:
+            for turn, msgs in enumerate(convo):
+                request = {"messages": msgs, "tools": tools}
+                litellm.completion(**bare_kwargs, **request)  # untimed: both timed requests hit the cache
+                pair = [functools.partial(litellm.completion, **bare_kwargs, **request),
+                        functools.partial(session.completion, **request, max_tokens=1)]
+                first, second = (0, 1) if turn % 2 == 0 else (1, 0)
+                times = {first: _timed(pair[first]), second: _timed(pair[second])}
+                bare.append(times[0])
+                mine.append(times[1])
+                own.append(times[1] - client.inside[-1])
+    return bare, mine, own, http.tokenize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=2, help="tool-result rows per turn (~70 tokens each)")
+    parser.add_argument("--window", type=int, default=6144)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    litellm = import_litellm()
+    tools = TOOLS[:12]
+    convos = conversations(args.conversations, args.turns, args.rows)
+    with served(args.window) as api_base:
+        discovered = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, name="fast")
+        declared = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, name="fast", tokenizer="cl100k_base",
+                           chat_template=CHATML_TOOLS_TEMPLATE)
+        modes: dict[str, Callable[[TimedClient, CountingHttp], Session]] = {
+            "server": lambda c, h: Session(discovered, count_exactly=True, client=c, http=h),
+            "template": lambda c, h: Session(declared, client=c, http=h),
+            "estimate-first": lambda c, h: Session(discovered, client=c, http=h),
+        }
+        turns = args.conversations * args.turns
+        last = convos[0][-1]
+        print(f"{turns} turns per mode, window {args.window}, 12 tools, last turn "
+              f"{Session(declared).count(messages=last, tools=tools).total} tokens")
+        for name, make in modes.items():
+            bare, mine, own, tokenize = run_mode(api_base, litellm, make, convos, tools)
+            alone = statistics.median(session_only(make, litellm, convos, tools))
+            paired = statistics.median(m - b for b, m in zip(bare, mine))
+            print(f"{name:15s} overhead median {statistics.median(own) * 1000:5.2f} ms/request (p90 "
+                  f"{statistics.quantiles(own, n=10)[-1] * 1000:5.2f})   Session - bare {paired * 1000:+6.2f} ms   "
+                  f"bare median {statistics.median(bare) * 1000:6.1f} ms   /tokenize per 100 turns "
+                  f"{100 * tokenize / turns:5.1f}   with an instant client {alone * 1000:5.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Exact accounting that costs what was appended: incremental template counts equal full renderings."""
+
+import copy
+import json
+
+from agentkv.testing import capture_events
+from agentkv.tokens import Payload, TemplateSource, TiktokenSource
+from agentkv.tokens.incremental import PrefixMemo
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE
+
+TOOLS = [{"type": "function", "function": {"name": f"lookup_{i}", "description": "Look a host up.",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+         for i in range(6)]
+
+
+def trace(steps):
+    msgs = [{"role": "system", "content": "You are an SRE agent."}, {"role": "user", "content": "Why is node-7 slow?"}]
+    for i in range(steps):
+        msgs.append({"role": "assistant", "content": f"Step {i}.", "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "lookup_1", "arguments": json.dumps({"q": i})}}]})
+        rows = [{"id": f"r-{i}-{j}", "msg": "p99 latency\n  rose  after compaction", "n": i * j} for j in range(4)]
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": json.dumps(rows, indent=1)})
+    return msgs
+
+
+def counts(source, conversations, tools=TOOLS):
+    return [source.count(Payload(tuple(m), tuple(tools) if tools else None)).total for m in conversations]
+
+
+def test_each_appended_turn_counts_exactly_what_a_full_rendering_counts():
+    """Turn by turn, the incremental count equals a full render-and-tokenize, and most turns were incremental."""
+    msgs = trace(12)
+    growing = [msgs[:n] for n in range(1, len(msgs) + 1)]
+    incremental, full = TemplateSource("cl100k_base"), TemplateSource("cl100k_base", incremental=False)
+    assert counts(incremental, growing) == counts(full, growing)
+    assert incremental._appended.incremental_turns >= len(growing) - 3
+
+
+def test_a_diverged_prefix_falls_back_to_a_full_count():
+    """An edited earlier message (even edited in place), other tools, or a shorter history are counted in full."""
+    msgs = trace(6)
+    source, full = TemplateSource("cl100k_base"), TemplateSource("cl100k_base", incremental=False)
+    counts(source, [msgs[:n] for n in range(1, len(msgs) + 1)])
+    msgs[3]["content"] = msgs[3]["content"] + " (edited)"  # the caller's own list, mutated in place
+    cases = [msgs, msgs[:5], msgs + [{"role": "user", "content": "and?"}]]
+    assert counts(source, cases) == counts(full, cases)
+    assert counts(source, [msgs], TOOLS[:2]) == counts(full, [msgs], TOOLS[:2])
+    assert counts(source, [msgs], None) == counts(full, [msgs], None)
+
+
+def _with_tool_marker(condition):
+    marker = "{%- if " + condition + " %}{{- 'LATEST RESULT\\n' }}{%- endif %}\n{%- endfor %}"
+    template = CHATML_TOOLS_TEMPLATE.replace("{%- endfor %}\n{%- if add_generation_prompt", marker + "\n{%- if add_gen")
+    assert template != CHATML_TOOLS_TEMPLATE
+    return template
+
+
+def test_a_template_that_rewrites_earlier_turns_is_caught_and_counted_in_full():
+    """A template whose rendering of earlier messages changes as messages are appended (and that no marker
+    gives away) fails its check, says so, and every count stays exact."""
+    template = _with_tool_marker("message.role == 'tool' and message is sameas (messages | last)")
+    msgs = trace(5)
+    growing = [msgs[:n] for n in range(1, len(msgs) + 1)]
+    with capture_events() as events:
+        got = counts(TemplateSource("cl100k_base", template), growing)
+    assert got == counts(TemplateSource("cl100k_base", template, incremental=False), growing)
+    assert [e for e in events if e["event"] == "incremental_count_disabled"]
+
+
+def test_a_template_that_looks_at_the_last_message_is_never_counted_incrementally():
+    """A template using loop.last (as Qwen3's reasoning stripping looks at the last query) is counted in full."""
+    template = _with_tool_marker("loop.last and message.role == 'tool'")
+    msgs = trace(5)
+    growing = [msgs[:n] for n in range(1, len(msgs) + 1)]
+    source = TemplateSource("cl100k_base", template)
+    assert counts(source, growing) == counts(TemplateSource("cl100k_base", template, incremental=False), growing)
+    assert source._appended.incremental_turns == 0
+
+
+def test_the_estimate_reuses_the_previous_requests_message_counts():
+    """The tiktoken estimate of an extended request equals a fresh estimate of it."""
+    msgs = trace(8)
+    warm, cold = TiktokenSource(), TiktokenSource()
+    counts(warm, [msgs[:n] for n in range(1, len(msgs))])
+    assert counts(warm, [msgs]) == counts(cold, [msgs])
+
+
+def test_prefix_memo_finds_the_repeated_messages_and_sees_in_place_edits():
+    """The memo counts leading equal messages, treats equal copies as equal and an in-place edit as a change."""
+    memo: PrefixMemo[int] = PrefixMemo()
+    msgs = trace(2)
+    memo.store("ctx", msgs, 0, list(range(len(msgs))))
+    assert memo.common("ctx", copy.deepcopy(msgs) + [{"role": "user", "content": "x"}]) == (len(msgs), list(range(6)))
+    assert memo.common("other", msgs) == (0, [])
+    msgs[2]["tool_calls"][0]["function"]["arguments"] = "{}"
+    assert memo.common("ctx", msgs) == (2, [0, 1])
+
+
+def test_a_template_that_renders_tools_in_later_turns_is_counted_with_them():
+    """Appended messages are first rendered without tool schemas; a template that shows them in every user
+    turn fails that check and is counted with the schemas, exactly."""
+    template = CHATML_TOOLS_TEMPLATE.replace(
+        "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '')",
+        "{{- '<|im_start|>' + message.role + '\\n' + ('[tools on] ' if tools else '') + (message.content or '')")
+    assert template != CHATML_TOOLS_TEMPLATE
+    msgs = [{"role": "system", "content": "Be brief."}]
+    for i in range(8):
+        msgs += [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": f"Answer {i}."}]
+    growing = [msgs[:n] for n in range(1, len(msgs) + 1)]
+    with capture_events() as events:
+        got = counts(TemplateSource("cl100k_base", template), growing)
+    assert got == counts(TemplateSource("cl100k_base", template, incremental=False), growing)
+    assert [e for e in events if e["event"] == "incremental_count_disabled"]
