@@ -106,3 +106,20 @@ def test_corpus_halves_are_disjoint_and_ordered():
     a, b, held = set(split.a), set(split.b), set(split.heldout)
     assert a and b and held and not (a & b) and not (held & (a | b))
     assert list(split.a) == sorted(split.a, key=files.index)
+
+
+def test_the_demo_runs_on_the_trained_family(family, tmp_path, monkeypatch):
+    """`agentkv demo --trained micro` serves the cached family (no retraining) and escalates onto a warm cache."""
+    from agentkv.demo import runs
+    from agentkv.local.family import family_root, resolve_recipe
+
+    monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path))
+    cached = family_root(resolve_recipe("micro"))
+    cached.parent.mkdir(parents=True)
+    cached.symlink_to(family.root, target_is_directory=True)
+    config = runs.DemoConfig(**{**runs.DemoConfig.quick().__dict__, "trained": "micro", "max_turns": 24})
+    warm, cold = runs.run_both(config)
+    escalated = warm.escalation()
+    assert escalated is not None and cold.escalation() is not None
+    assert escalated.cached_tokens and escalated.cached_tokens > 0.5 * escalated.input_tokens
+    assert not cold.escalation().cached_tokens
