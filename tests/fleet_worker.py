@@ -2,7 +2,8 @@
 
 Commands arrive as JSON lines on stdin; each answer is one stdout line starting with ``RESULT ``.
 Completions are answered here, except warms (``max_tokens=1``), which go to the test's HTTP model
-server so that the fleet's warms are observed in one place.
+server so that the fleet's warms are observed in one place: through the client for a litellm warm, and
+through the HTTP seam for the raw POST warms that self-hosted backends get.
 """
 
 import json
@@ -40,6 +41,17 @@ class Client:
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
 
 
+def seam(server):
+    """The Session's HTTP seam: /v1/models answered here, a warm's raw POST forwarded to the model server."""
+    def handle(method, url, body):
+        if method == "POST" and url.endswith("/chat/completions"):
+            httpx.post(server, json={"messages": body["messages"], "max_tokens": 1}, timeout=30).raise_for_status()
+            return {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+        return models(method, url, body)
+
+    return FakeHttp(handle)
+
+
 class BadRequestError(Exception):
     status_code = 400
 
@@ -49,6 +61,7 @@ class Replica:
         self.store = RedisStore.from_url(url, namespace=namespace, timeout_s=2.0)
         self.discovery = WindowDiscovery(http=FakeHttp(models), state=self.store)
         self.client = Client(server)
+        self.http = seam(server)
         self.sessions = {}
 
     def session(self, tenant, sid):
@@ -56,8 +69,8 @@ class Replica:
             self.sessions[tenant, sid] = Session(
                 Backend("hosted_vllm/fast-m", api_base=FAST, name="fast"),
                 Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow"), tenant=tenant, session_id=sid,
-                state=self.store, discovery=self.discovery, client=self.client, count_with_server=False,
-                warm_ahead=POLICY)
+                state=self.store, discovery=self.discovery, client=self.client, http=self.http,
+                count_with_server=False, warm_ahead=POLICY)
         return self.sessions[tenant, sid]
 
     def turn(self, tenant, sid, k, repeats=130):

@@ -23,7 +23,7 @@ Selected = tuple[tuple[int, ...], ...]
 
 FLOAT32 = "F32"
 _SIGNATURE_INTS = ("num_layers", "kv_heads", "head_dim")
-_SIGNATURE_FIELDS = frozenset({*_SIGNATURE_INTS, "rope_theta", "rope_scaling", "model_id"})
+_SIGNATURE_FIELDS = frozenset({*_SIGNATURE_INTS, "rope_theta", "rope_scaling", "model_id", "tokenizer"})
 
 
 def fail(where: str, what: str) -> MapperFileError:
@@ -75,8 +75,9 @@ def signature(data: Any, field: str, where: str) -> ModelSignature:
     if not is_number(theta) or theta <= 0:
         raise fail(where, f"field '{field}.rope_theta' must be a positive number, not {theta!r}")
     _check_rope_scaling(data.get("rope_scaling"), f"{field}.rope_scaling", where)
-    if not isinstance(data.get("model_id", ""), str):
-        raise fail(where, f"field '{field}.model_id' must be a string")
+    for name in ("model_id", "tokenizer"):
+        if not isinstance(data.get(name, ""), str):
+            raise fail(where, f"field '{field}.{name}' must be a string")
     return ModelSignature.from_dict(data)
 
 
