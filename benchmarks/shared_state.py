@@ -51,10 +51,21 @@ class Answers:
         return self.completion(**{**kwargs, "max_tokens": 0})
 
 
+def seam(warm_s: float) -> FakeHttp:
+    """The HTTP seam: /v1/models, and the raw POST warms self-hosted backends get (taking ``warm_s`` each)."""
+    def handle(method: str, url: str, body: Any) -> Any:
+        if method == "POST" and url.endswith("/chat/completions"):
+            time.sleep(warm_s)
+            return {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+        return models(method, url, body)
+
+    return FakeHttp(handle)
+
+
 def session(store: StateStore, discovery: WindowDiscovery, client: Answers, sid: str) -> Session:
     return Session(Backend("hosted_vllm/fast-m", api_base=FAST, name="fast"),
-                   Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow"), tenant="bench", session_id=sid,
-                   state=store, discovery=discovery, client=client, count_with_server=False,
+                   Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow"), tenant="bench", session_id=sid, cache_salt_secret="bench-secret",
+                   state=store, discovery=discovery, client=client, http=seam(client.warm_s), count_with_server=False,
                    warm_ahead=WarmAheadPolicy(timeout_s=5))
 
 
