@@ -64,7 +64,8 @@ def seam(warm_s: float) -> FakeHttp:
 
 def session(store: StateStore, discovery: WindowDiscovery, client: Answers, sid: str) -> Session:
     return Session(Backend("hosted_vllm/fast-m", api_base=FAST, name="fast"),
-                   Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow"), tenant="bench", session_id=sid, cache_salt_secret="bench-secret",
+                   Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow"), tenant="bench", session_id=sid,
+                   cache_salt_secret="bench-secret",
                    state=store, discovery=discovery, client=client, http=seam(client.warm_s), count_with_server=False,
                    warm_ahead=WarmAheadPolicy(timeout_s=5))
 
