@@ -16,24 +16,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Literal, Mapping
 
 import agentkv._env as _env
 from agentkv._http import HttpTransport, default_http
 from agentkv._session.attempts import Attempt, Observation, as_litellm_sends, raw_warm_target, warm_body, warm_kwargs
-from agentkv._session.escalation import Handoff, acheck_warm_prefix, check_warm_prefix, prefix_report
+from agentkv._session.escalation import Handoff, prefix_report, schedule_warm_prefix_check
+from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, to_facts
 from agentkv._session.record import Recorder
-from agentkv.backends import Backend, WindowDiscovery, WindowInfo, discovery_for
-from agentkv.errors import ConfigurationError, ContextOverflowError
+from agentkv.backends import Backend, WindowDiscovery, discovery_for
+from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy, is_outage
 from agentkv.routing import (
-    RouteDecision, RoutePolicy, Target, after_recovery, as_sent, decide_route, failover, interval_decides,
-    is_escalation, no_slow_target, plan_recovery, slow_target,
+    RouteDecision, RoutePolicy, after_recovery, as_sent, decide_route, failover, interval_decides,
+    is_escalation, plan_recovery,
 )
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import resolve_cache_salt
@@ -45,15 +46,6 @@ from agentkv.warm.sender import BackgroundJobs, WarmAhead
 
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What routing and warm-ahead need from I/O, gathered by a driver before any decision."""
-
-    fast: Target
-    slow: Target
-    slow_model_known: bool
 
 
 class Session:
@@ -101,7 +93,7 @@ class Session:
         min_attention_cosine: float | None = None,
         count_exactly: bool = False,
     ) -> None:
-        _check_backends(fast, slow)
+        check_backends(fast, slow)
         self.fast, self.slow = fast, slow
         self.tenant = tenant
         self.session_id = session_id or str(uuid.uuid4())
@@ -110,7 +102,7 @@ class Session:
         self.discovery = discovery or discovery_for(self.state)
         self.cache_salt = resolve_cache_salt(tenant, cache_salt, cache_salt_secret or _env.cache_salt_secret(),
                                              self_hosted=any(b.api_base for b in self._backends()))
-        self.request_timeout_s = _check_timeout(request_timeout_s)
+        self.request_timeout_s = check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
         self.http: HttpTransport = http or default_http()
         self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http,
@@ -335,20 +327,12 @@ class Session:
     def _facts(self) -> Facts:
         fast = self.discovery.window(self.fast, model_known=False)
         slow = self.discovery.window(self.slow) if self.slow is not None else None
-        return self._to_facts(fast, slow)
+        return to_facts(self.fast, self.slow, fast, slow)
 
     async def _afacts(self) -> Facts:
         fast = await self.discovery.awindow(self.fast, model_known=False)
         slow = await self.discovery.awindow(self.slow) if self.slow is not None else None
-        return self._to_facts(fast, slow)
-
-    def _to_facts(self, fast: WindowInfo, slow: WindowInfo | None) -> Facts:
-        fast_target = Target(self.fast.label, fast.window)
-        if self.slow is None or slow is None:
-            return Facts(fast_target, no_slow_target(), False)
-        target = slow_target(self.slow.label, slow.window, is_cloud=self.slow.is_cloud,
-                             in_catalog=bool(slow.model_known), model=self.slow.model)
-        return Facts(fast_target, target, bool(slow.model_known))
+        return to_facts(self.fast, self.slow, fast, slow)
 
     def _counter(self, backend: Backend) -> TokenCounter:
         return self.counters[backend.label]
@@ -362,7 +346,7 @@ class Session:
 
     def _decides(self, kwargs: Mapping[str, Any], facts: Facts) -> Callable[[int, int], bool]:
         warm = self.warm_ahead.threshold if self.slow is not None else None
-        return functools.partial(interval_decides, max_tokens=_max_tokens(kwargs), fast=facts.fast, slow=facts.slow,
+        return functools.partial(interval_decides, max_tokens=max_tokens_of(kwargs), fast=facts.fast, slow=facts.slow,
                                  policy=self.routing, warm_threshold=warm)
 
     def _recount(self, attempt: Attempt) -> TokenCount:
@@ -380,7 +364,7 @@ class Session:
     def _open_request(self, kwargs: dict[str, Any]) -> Payload:
         if self.closed:
             raise RuntimeError(f"Session {self.session_id!r} is closed")
-        _max_tokens(kwargs)  # a bad budget is refused before any count or network call
+        max_tokens_of(kwargs)  # a bad budget is refused before any count or network call
         payload = payload_from_request(kwargs)
         if payload.messages is None:
             raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
@@ -399,7 +383,7 @@ class Session:
         raise ValueError(f"sent_to must be 'fast' or 'slow' (with a slow backend), got {sent_to!r}")
 
     def _decide(self, kwargs: dict[str, Any], count: TokenCount, facts: Facts) -> RouteDecision:
-        return decide_route(route_tokens=count.total, safe_tokens=count.safe, max_tokens=_max_tokens(kwargs),
+        return decide_route(route_tokens=count.total, safe_tokens=count.safe, max_tokens=max_tokens_of(kwargs),
                             fast=facts.fast, slow=facts.slow, policy=self.routing, count_source=count.source)
 
     def _plan(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts) -> Attempt:
@@ -421,7 +405,7 @@ class Session:
         except ContextOverflowError:
             decision = None
         target = facts.fast if role == "fast" else facts.slow
-        sent = as_sent(target, role, input_tokens=count.total, max_tokens=_max_tokens(kwargs), count_source=count.source)
+        sent = as_sent(target, role, input_tokens=count.total, max_tokens=max_tokens_of(kwargs), count_source=count.source)
         return Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt), decision
 
     def _observation(self, attempt: Attempt, decision: RouteDecision | None, facts: Facts) -> Observation:
@@ -469,7 +453,7 @@ class Session:
         fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
             if attempt.decision.role == "fast" else facts.fast
         decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=self.routing,
-                                  requested_max_tokens=_max_tokens(attempt.kwargs), safe_tokens=attempt.count.safe)
+                                  requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
         self._log_route(decision, attempt.count)
         escalated = decision.role != attempt.decision.role
         return replace(attempt, decision=decision, backend=self._backend(decision.role),
@@ -482,7 +466,7 @@ class Session:
             raise error
         decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=self.routing,
                             route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
-                            max_tokens=_max_tokens(attempt.kwargs))
+                            max_tokens=max_tokens_of(attempt.kwargs))
         if decision is None:
             raise error
         self._stats.add("failovers")
@@ -503,12 +487,8 @@ class Session:
 
     def _check_warm_prefix(self, warmed: Payload, attempt: Attempt, asynchronous: bool) -> None:
         """The broken-warm diagnostic, off the request path: a task (async) or a pool thread (sync)."""
-        counter, stats, session_id = self._counter(attempt.backend), self._stats, self.session_id
-        if asynchronous:
-            self._jobs.task(_quietly(acheck_warm_prefix(counter, warmed, attempt.payload, stats, session_id)), 60.0)
-        else:
-            self._jobs.thread(lambda: _quietly_sync(check_warm_prefix, counter, warmed, attempt.payload, stats,
-                                                    session_id))
+        schedule_warm_prefix_check(self._jobs, self._counter(attempt.backend), warmed, attempt.payload, self._stats,
+                                   self.session_id, asynchronous=asynchronous)
 
     def _needs_handoff(self, attempt: Attempt) -> bool:
         return self.handoff.active and not attempt.handed_off \
@@ -553,43 +533,3 @@ class Session:
             self._warm.abandon(exc)
             return
         (self._warm.asend if asynchronous else self._warm.send)(call, self.client)
-
-
-async def _quietly(work: Any) -> None:
-    """Await a diagnostic; its failure is logged, never raised into anyone."""
-    try:
-        await work
-    except Exception as exc:
-        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
-
-
-def _quietly_sync(fn: Any, *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception as exc:  # a diagnostic never raises into anyone
-        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
-
-
-def _max_tokens(kwargs: Mapping[str, Any]) -> int | None:
-    """The output budget the server will obey: ``max_completion_tokens``, else ``max_tokens`` (as vLLM)."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = kwargs.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{key} must be a positive int, got {value!r}")
-    value = kwargs.get("max_completion_tokens")
-    return kwargs.get("max_tokens") if value is None else value
-
-
-def _check_backends(fast: Any, slow: Any) -> None:
-    if not isinstance(fast, Backend):
-        raise ConfigurationError(f"Session(fast=...) must be a Backend, got {type(fast).__name__}")
-    if slow is not None and not isinstance(slow, Backend):
-        raise ConfigurationError(f"Session(slow=...) must be a Backend or None, got {type(slow).__name__}")
-    if slow is not None and slow.label == fast.label:
-        raise ConfigurationError(f"fast and slow backends need distinct names; both are {fast.label!r}")
-
-
-def _check_timeout(value: float | None) -> float | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-        raise ConfigurationError(f"Session(request_timeout_s=...) must be a positive number or None, got {value!r}")
-    return value

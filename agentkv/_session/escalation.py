@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from agentkv.backends import Backend
 from agentkv.errors import ConfigurationError
@@ -27,6 +27,7 @@ from agentkv.handoff.plan import REPLAY
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload, TokenCounter
+from agentkv.warm.sender import BackgroundJobs
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,30 @@ async def acheck_warm_prefix(counter: TokenCounter, warmed: Payload, sent: Paylo
     report = prefix_report(warmed, sent, await counter.atoken_ids(warmed, add_generation_prompt=False),
                            await counter.atoken_ids(sent))
     _judge(report, stats, session_id)
+
+
+def schedule_warm_prefix_check(jobs: BackgroundJobs, counter: TokenCounter, warmed: Payload, sent: Payload,
+                               stats: SessionStats, session_id: str, *, asynchronous: bool) -> None:
+    """Run the warm-prefix check in the background: a task on the running loop, or a pool thread."""
+    if asynchronous:
+        jobs.task(_quietly(acheck_warm_prefix(counter, warmed, sent, stats, session_id)), 60.0)
+    else:
+        jobs.thread(lambda: _quietly_sync(check_warm_prefix, counter, warmed, sent, stats, session_id))
+
+
+async def _quietly(work: Awaitable[None]) -> None:
+    """Await a diagnostic; its failure is logged, never raised into anyone."""
+    try:
+        await work
+    except Exception as exc:
+        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
+
+
+def _quietly_sync(fn: Callable[..., None], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # a diagnostic never raises into anyone
+        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
 
 
 def _judge(report: PrefixReport, stats: SessionStats, session_id: str) -> None:
