@@ -362,6 +362,10 @@ class WindowDiscovery:
                     store.clear()
                 else:
                     store.pop(_key(backend), None)
+            if backend is None:
+                self._fallback_warned.clear()
+            else:
+                self._fallback_warned.discard(_key(backend))
 
     # --------------------------------------------------------------- internals
     def _resolve(self, backend: Backend, info: ServerInfo | None, catalog: int | None,

@@ -80,6 +80,8 @@ async def test_async_escalation_after_a_warm_makes_no_sync_http_call(declared):
     await s.adrain_warms(10)
     await s.aobserve(messages=messages, max_tokens=8)
     await s.aroute(messages=messages, max_tokens=8)
+    report = await s.aprefix_report()  # the last two requests: the escalated one and its observed repeat
+    assert report is not None and report.intact and report.exact
     assert s.last_route.role == "slow" and s.stats()["warm_fired"] == 1 and s.stats()["escalations_after_warm"] == 1
     assert any(c.url.endswith("/tokenize") for c in http.calls)
     assert any(c.url.endswith("/models") for c in http.calls)  # the slow model's listing, also when declared

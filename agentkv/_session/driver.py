@@ -105,7 +105,7 @@ class Session:
         self.request_timeout_s = check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
         self.http: HttpTransport = http or default_http()
-        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=http,
+        self.counters = {b.label: TokenCounter.for_backend(b, use_server=count_with_server, http=self.http,
                                                            estimate_first=not count_exactly)
                          for b in self._backends()}
         self.handoff = handoff if isinstance(handoff, Handoff) else Handoff(
