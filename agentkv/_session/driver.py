@@ -2,7 +2,7 @@
 
 ``Session.completion`` and ``Session.acompletion`` are twin drivers, each read like tenacity's
 ``Retrying.__call__``: gather the inputs that need I/O (windows and served models through
-:class:`~agentkv.backends.WindowDiscovery`, the count through :class:`~agentkv.tokens.TokenCounter`;
+:class:`~agentkv.discovery.WindowDiscovery`, the count through :class:`~agentkv.tokens.TokenCounter`;
 the async driver awaits every one), ask the pure core for a decision (:mod:`agentkv.routing`,
 :mod:`agentkv.warm.policy`), send, and on a context overflow ask the core for the next try.
 
@@ -25,7 +25,8 @@ from agentkv._session.attempts import Attempt, Observation, as_litellm_sends, ra
 from agentkv._session.escalation import Handoff, prefix_report, schedule_warm_prefix_check
 from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, to_facts
 from agentkv._session.record import Recorder
-from agentkv.backends import Backend, WindowDiscovery, discovery_for
+from agentkv.backends import Backend
+from agentkv.discovery import WindowDiscovery, discovery_for
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
