@@ -44,6 +44,16 @@ def test_fair_picks_the_group_furthest_over_its_share_then_the_colder():
     assert victim_group("fair", [], capacity=1000, groups=0) is None
 
 
+def test_a_group_over_its_share_never_takes_from_one_under_it():
+    """Fair: an inserting group at or over its share with nothing of its own to give gets no room from a group
+    under its share (LRU would give it the colder block); a group under its share does get room."""
+    under = [GroupFacts("b", used=300, coldest=1)]
+    assert victim_group("fair", under, capacity=1000, groups=2, incoming=GroupFacts("a", 700, 0)) is None
+    assert victim_group("lru", under, capacity=1000, groups=2, incoming=GroupFacts("a", 700, 0)) == under[0]
+    over = [GroupFacts("b", used=800, coldest=1)]
+    assert victim_group("fair", over, capacity=1000, groups=2, incoming=GroupFacts("a", 200, 0)) == over[0]
+
+
 def test_an_unknown_policy_is_refused():
     """Only "fair" and "lru" are policies."""
     assert check_policy("lru") == "lru"
@@ -64,6 +74,16 @@ def test_a_flood_evicts_its_own_blocks_under_fair_and_the_victims_under_lru(poli
         assert len(cache) <= 10
     assert resident(cache, hot) == (3 if survives else 0)
     assert cache.group_bytes()["a"] == (7 if survives else 10) * make_block().nbytes
+
+
+@pytest.mark.parametrize("policy, survives", [("fair", True), ("lru", False)])
+def test_one_prompt_larger_than_the_pool_stops_caching_rather_than_evict_another_tenant(policy, survives):
+    """A single chain from A longer than the pool caches only up to A's share under fair; under LRU it takes all."""
+    cache = PrefixCache(block_size=BLOCK, num_blocks=10, policy=policy)
+    hot = fill(cache, 0, 4, "b")
+    covered = cache.insert(cache.hashes(list(range(1000, 1000 + 20 * BLOCK)), "a"), lambda i: make_block())
+    assert resident(cache, hot) == (4 if survives else 0)
+    assert covered == (6 if survives else 10)
 
 
 def test_with_one_group_fair_evicts_exactly_as_lru():
@@ -158,6 +178,7 @@ def flood_and_ask(server: LocalServer) -> tuple[int, int, int]:
         predicted = ledger.resident_tokens(backend, hot_ids(server), "salt-b")
         after = cached(chat(server, HOT, "Next file.", "salt-b"))
         assert server.engine.prefix_cache.evictions > 0 and len(server.engine.prefix_cache) <= NUM_BLOCKS
+        assert f'num_gpu_blocks="{NUM_BLOCKS}"' in httpx.get(f"{server.base_url}/metrics", timeout=10).text
     return before, after, predicted
 
 

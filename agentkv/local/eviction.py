@@ -6,16 +6,20 @@ per group that has an evictable block (resident, not in use by a running request
 inserted) and evicts the coldest evictable block of the group it names.
 
 - ``"fair"``: the group furthest over its fair share (``capacity / groups holding blocks``) gives up its coldest
-  block; among groups equally far over, the one whose coldest block is colder. One tenant's flood (or its warms)
-  therefore evicts its own blocks before another tenant's hot prefix. With one group this *is* LRU.
+  block; among groups equally far over, the one whose coldest block is colder. And a group at or over its share
+  that is inserting never takes a block from a group under its share: when it has nothing of its own to give up
+  (its every block is in use or part of the chain it inserts), its chain stops being cached instead. One tenant's
+  flood (or its warms, or one prompt larger than the pool) therefore never evicts another tenant's prefix held
+  within that tenant's share. With one group this *is* LRU.
 - ``"lru"``: the coldest evictable block of all, whoever holds it: vLLM's ``FreeKVCacheBlockQueue`` order
   (``vllm/v1/core/block_pool.py`` pops the queue's head; a finished request's blocks go to its tail, chain
   tail first, so a prefix loses its tail before its head).
 
 Usage::
 
-    group = victim_group("fair", [GroupFacts("a", used=900, coldest=3), GroupFacts("b", used=100, coldest=1)],
-                         capacity=1000, groups=2).group   # "a": 400 over its share of 500; b is under
+    victim = victim_group("fair", [GroupFacts("a", used=900, coldest=3), GroupFacts("b", used=100, coldest=1)],
+                          capacity=1000, groups=2)
+    victim.group   # "a": 400 over its share of 500; b is under
 """
 
 from __future__ import annotations
@@ -46,17 +50,21 @@ def check_policy(policy: str) -> EvictionPolicy:
     return policy  # type: ignore[return-value]
 
 
-def victim_group(policy: EvictionPolicy, candidates: Sequence[GroupFacts], *, capacity: int,
-                 groups: int) -> GroupFacts | None:
-    """The candidate whose coldest evictable block goes next; None when there is none (``group`` itself may be
+def victim_group(policy: EvictionPolicy, candidates: Sequence[GroupFacts], *, capacity: int, groups: int,
+                 incoming: GroupFacts | None = None) -> GroupFacts | None:
+    """The candidate whose coldest evictable block goes next; None when none may go (``group`` itself may be
     None: the unsalted group).
 
-    ``capacity``: what the pool holds when full (bytes); ``groups``: how many groups hold blocks at all (those
-    whose every block is in use count toward the share too).
+    ``capacity``: what the pool holds when full (bytes); ``groups``: how many groups hold blocks or are inserting
+    (those whose every block is in use count toward the share too); ``incoming``: the group inserting (its
+    ``used`` bytes; ``coldest`` is ignored), None when the pool shrinks.
     """
     if not candidates:
         return None
     if policy == "lru":
         return min(candidates, key=lambda c: c.coldest)
     share = capacity / max(groups, 1)
-    return min(candidates, key=lambda c: (-(c.used - share), c.coldest))
+    victim = min(candidates, key=lambda c: (-(c.used - share), c.coldest))
+    if incoming is not None and victim.group != incoming.group and victim.used <= share <= incoming.used:
+        return None
+    return victim

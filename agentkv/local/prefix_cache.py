@@ -269,7 +269,7 @@ class PrefixCache:
 
     def _add(self, key: bytes, block: KVBlock, salt: str | None, protected: set[bytes]) -> bool:
         size = block.nbytes
-        if not self._evict_until(size, protected, incoming_blocks=1):
+        if not self._evict_until(size, protected, incoming_blocks=1, salt=salt):
             return False
         self._blocks[key], self._salt[key], self._tick[key] = block, salt, self._next_tick()
         self._free.setdefault(salt, OrderedDict())[key] = None
@@ -281,14 +281,17 @@ class PrefixCache:
         over_blocks = self.num_blocks is not None and len(self._blocks) + incoming_blocks > self.num_blocks
         return over_blocks or self.bytes_used + incoming > self.budget_bytes
 
-    def _evict_until(self, incoming: int, protected: set[bytes], incoming_blocks: int = 0) -> bool:
+    def _evict_until(self, incoming: int, protected: set[bytes], incoming_blocks: int = 0,
+                     salt: str | None = None) -> bool:
         """Evict by the policy, never ``protected`` or pinned blocks, until ``incoming`` more bytes (and
-        ``incoming_blocks`` more blocks) fit; False if impossible."""
+        ``incoming_blocks`` more blocks, inserted under ``salt``) fit; False if impossible."""
         while self._full(incoming, incoming_blocks):
+            inserting = GroupFacts(salt, self._used.get(salt, 0), 0) if incoming_blocks else None
+            groups = len(self._used.keys() | {salt}) if inserting else len(self._used)
             coldest = self._coldest(protected)
-            victim = victim_group(self.policy, [GroupFacts(salt, self._used[salt], self._tick[key])
-                                                for salt, key in coldest.items()],
-                                  capacity=self._capacity(incoming), groups=len(self._used))
+            victim = victim_group(self.policy, [GroupFacts(group, self._used[group], self._tick[key])
+                                                for group, key in coldest.items()],
+                                  capacity=self._capacity(incoming), groups=groups, incoming=inserting)
             if victim is None:
                 return False
             self._evict(coldest[victim.group])  # type: ignore[index]
