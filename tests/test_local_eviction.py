@@ -12,6 +12,8 @@ from agentkv.local.eviction import GroupFacts, check_policy, victim_group
 torch = pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
+from agentkv.local.engine import LocalEngine  # noqa: E402
+from agentkv.local.models import build_model  # noqa: E402
 from agentkv.local.prefix_cache import KVBlock, PrefixCache  # noqa: E402
 
 BLOCK = 4
@@ -61,7 +63,7 @@ def test_an_unknown_policy_is_refused():
         check_policy("lfu")
 
 
-# --- the prefix cache applying it ---------------------------------------------------------------------
+# --- the prefix cache and the engine applying it ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("policy, survives", [("fair", True), ("lru", False)])
@@ -117,15 +119,33 @@ def test_pinned_blocks_are_never_evicted_and_rejoin_tail_first():
     assert len(cache) == 0
 
 
+def test_a_running_request_keeps_its_blocks_through_a_flood_even_under_lru():
+    """The engine pins a running request's prompt blocks: A's flood cannot evict them until the request ends."""
+    engine = LocalEngine(build_model("tiny", seed=0), max_model_len=1024, num_blocks=12, eviction_policy="lru")
+    prompt = list(range(3000, 3000 + 4 * 16 + 5))
+    chain = engine.prefix_cache.hashes(prompt[: 4 * 16], "salt-b")
+    running = engine.stream(prompt, 4, cache_salt="salt-b")
+    next(running)  # prefilled: its blocks are cached and in use
+
+    def flood(first: int) -> None:
+        for start in range(first, first + 6 * 80, 80):
+            engine.generate(list(range(start, start + 80)), 1, cache_salt="salt-a")
+
+    flood(10_000)
+    assert all(key in engine.prefix_cache for key in chain) and engine.prefix_cache.evictions > 0
+    for _ in running:  # the request ends: its blocks are evictable again
+        pass
+    flood(20_000)
+    assert not any(key in engine.prefix_cache for key in chain)
+
+
 # --- two real servers: B's next request reports what survived A's flood -------------------------------
 
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 from agentkv.ledger import CacheLedger  # noqa: E402
-from agentkv.local.engine import LocalEngine  # noqa: E402
 from agentkv.local.kv_events import external_hash  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 
 NUM_BLOCKS = 24

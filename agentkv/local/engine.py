@@ -415,8 +415,10 @@ class LocalEngine:
         state.finish = finish
         if state.admitted and state.cache is not None:
             with self._lock:
-                self._store(prompt + state.generated, state.cache, salt)
-                self.prefix_cache.unpin(state.pins)  # evictable again, the prompt's tail colder than its head
+                try:
+                    self._store(prompt + state.generated, state.cache, salt)
+                finally:
+                    self.prefix_cache.unpin(state.pins)  # evictable again, the prompt's tail colder than its head
         state.cache = None
         with self._stats_lock:
             if state.admitted:
