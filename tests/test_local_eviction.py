@@ -147,6 +147,7 @@ pytest.importorskip("msgspec")
 from agentkv.ledger import CacheLedger  # noqa: E402
 from agentkv.local.kv_events import external_hash  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.tenancy import derive_cache_salt  # noqa: E402
 
 NUM_BLOCKS = 24
 HOT = "You are tenant B's careful reviewer; cite the file and line for every claim you make. " * 2
@@ -209,3 +210,60 @@ def test_tenant_b_hot_prefix_survives_a_flood_under_fair_and_not_under_lru(pair)
     assert fair_before == lru_before > 0
     assert fair_after == fair_predicted >= fair_before  # fair: B's whole hot prefix is still there
     assert lru_after == lru_predicted == 0  # LRU: A's flood took it
+
+
+def complete(server: LocalServer, first: int, blocks: int, salt: str) -> None:
+    """A token-id prompt of ``blocks`` full blocks and 5 more tokens, sharing nothing with any other."""
+    body = {"model": server.model_id, "prompt": list(range(first, first + blocks * 16 + 5)), "max_tokens": 1,
+            "cache_salt": salt}
+    httpx.post(f"{server.api_base}/completions", json=body, timeout=60).raise_for_status()
+
+
+def fair_victims(ranking: list[Any], incoming: str, count: int) -> set[Any]:
+    """The fair decision applied to the ledger's VRAM-manager view: the blocks ``count`` insertions evict."""
+    rank = {block.block_hash: index for index, block in enumerate(ranking)}
+    order: dict[Any, list[Any]] = {}
+    for block in ranking:
+        order.setdefault(block.tenant, []).append(block.block_hash)
+    used = {tenant: len(keys) for tenant, keys in order.items()}
+    victims = set()
+    for _ in range(count):
+        candidates = [GroupFacts(tenant, used[tenant], rank[keys[0]]) for tenant, keys in order.items() if keys]
+        victim = victim_group("fair", candidates, capacity=NUM_BLOCKS, groups=len(used.keys() | {incoming}),
+                              incoming=GroupFacts(incoming, used.get(incoming, 0), 0))
+        assert victim is not None
+        victims.add(order[victim.group].pop(0))
+        used[victim.group] -= 1
+        used[incoming] = used.get(incoming, 0) + 1
+    return victims
+
+
+def test_the_ledger_vram_manager_ranking_predicts_what_the_fair_engine_evicts(pair):
+    """The fair decision over the ledger's eviction_ranking(as_vram_manager=True) names exactly the blocks the fair
+    engine then evicts (seen as BlockRemoved events), and none of them is the under-share tenant's."""
+    server = pair["fair"]
+    server.engine.reset_prefix_cache()
+    acme, globex = derive_cache_salt("eviction-test", "acme"), derive_cache_salt("eviction-test", "globex")
+    backend = server.backend(kv_events=server.kv_events.endpoint, kv_events_replay=server.kv_events.replay_endpoint)
+    with CacheLedger([backend]) as ledger:
+        time.sleep(0.2)
+
+        def in_step() -> set[Any]:
+            want = {external_hash(key) for key in server.engine.prefix_cache.keys()}
+            deadline = time.monotonic() + 10
+            while ledger.blocks(backend) != want and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert ledger.blocks(backend) == want
+            return want
+
+        complete(server, 100, 5, globex)
+        for job in range(4):  # 25 blocks in all: the pool of 24 is full and has evicted once
+            complete(server, 1000 * (job + 1), 5, acme)
+        before = in_step()
+        ranking = ledger.eviction_ranking(backend, as_vram_manager=True)
+        predicted = fair_victims(ranking, "acme", 3)
+        complete(server, 9000, 3, acme)
+        removed = before - in_step()
+    globex_blocks = {block.block_hash for block in ranking if block.tenant == "globex"}
+    assert len(globex_blocks) == 5 and ranking[0].block_hash in globex_blocks  # LRU would take globex's first
+    assert removed == predicted and len(removed) == 3 and not removed & globex_blocks
