@@ -76,6 +76,8 @@ def test_a_flood_evicts_its_own_blocks_under_fair_and_the_victims_under_lru(poli
         assert len(cache) <= 10
     assert resident(cache, hot) == (3 if survives else 0)
     assert cache.group_bytes()["a"] == (7 if survives else 10) * make_block().nbytes
+    cache.resize(cache.budget_bytes)  # a new byte budget keeps the block bound
+    assert cache.num_blocks == 10 and len(cache) == 10
 
 
 @pytest.mark.parametrize("policy, survives", [("fair", True), ("lru", False)])

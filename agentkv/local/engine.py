@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 DEFAULT_CACHE_BUDGET_BYTES = 512 << 20
 DEFAULT_PREFILL_CHUNK = 8192
 DEFAULT_DECODE_THREADS = 1
+"""Decode steps are tiny matmuls: one thread is as fast as two on an idle 2-core machine and several times
+faster when other work (another engine's prefill, another process) competes for the cores."""
 DEFAULT_EVICTION_POLICY = "fair"
 """Tenant-fair eviction: with one salt group (or none) it evicts exactly as LRU does, and with several it keeps one
 tenant's flood from evicting another tenant's hot prefix. ``"lru"`` is vLLM's own order, for comparison."""
-"""Decode steps are tiny matmuls: one thread is as fast as two on an idle 2-core machine and several times
-faster when other work (another engine's prefill, another process) competes for the cores."""
 
 
 @dataclass(frozen=True)

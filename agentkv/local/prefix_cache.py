@@ -28,9 +28,11 @@ import hashlib
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 from agentkv.local.eviction import EvictionPolicy, GroupFacts, check_policy, victim_group
+
 if TYPE_CHECKING:
     import torch
 
@@ -218,10 +220,12 @@ class PrefixCache:
                 self._tick[key] = self._next_tick()
                 self._free[self._salt[key]][key] = None
 
-    def resize(self, budget_bytes: int, num_blocks: int | None = None) -> None:
-        """Change the budget (and the block bound), evicting by the policy until the cache fits."""
+    def resize(self, budget_bytes: int, num_blocks: int | None | EllipsisType = ...) -> None:
+        """Change the budget (and the block bound, when given; None lifts it), evicting by the policy until the
+        cache fits."""
         self.budget_bytes = max(0, int(budget_bytes))
-        self.num_blocks = num_blocks
+        if not isinstance(num_blocks, EllipsisType):
+            self.num_blocks = num_blocks
         self._evict_until(0, protected=set())
         if self.on_events is not None:
             self._report([])
