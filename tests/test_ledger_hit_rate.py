@@ -99,10 +99,11 @@ def test_the_ledger_hit_rate_matches_the_server_over_a_window_of_recorded_traffi
 
 def test_traffic_the_ledger_did_not_record_shows_as_a_disagreement(server, backend):
     """A request the ledger never recorded (another client's, all cache hits) moves the server's rate, not the ledger's."""
+    ask(server, "Another client's question.", "salt-other")
     with CacheLedger([backend]) as ledger:
         ledger.cross_check(backend)
         recorded(ledger, backend, server, "A fresh question, never asked before.", "salt-new")
-        ask(server, "Read main.py.", "salt-hit-rate")  # warm from the test before: its prefix hits, unrecorded
+        ask(server, "Another client's question.", "salt-other")  # warm: its prefix hits, and nobody records it
         check = ledger.cross_check(backend)
     assert check is not None and not check.agrees
     assert check.unrecorded_queries > 0 and check.server.hits > check.ledger.hits
