@@ -7,6 +7,9 @@ Usage::
     ledger.resident_tokens("big", token_ids, cache_salt)      # what a request would find cached
     ledger.eviction_ranking("big", tenant="acme")            # acme's blocks, coldest first
     ledger.eviction_ranking("big", as_vram_manager=True)     # every tenant's: the VRAM manager only
+    ledger.record("big", predicted, usage.cached_tokens, prompt_tokens=usage.prompt_tokens)
+    ledger.cross_check("big")                                # opens a window on the server's /metrics
+    check = ledger.cross_check("big")                        # that window: server hit rate beside the ledger's
     ledger.stop()
 """
 
@@ -17,8 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
+from agentkv._http import HttpTransport, default_http
 from agentkv.errors import AgentKVError, ConfigurationError
 from agentkv.events import emit
+from agentkv.ledger.hit_rate import HitCounters, HitRateCheck, compare, server_counters
 from agentkv.ledger.subscriber import EndpointSubscriber
 from agentkv.ledger.tree import BlockTree
 from agentkv.tenancy import salts_for_tenant, tenant_for_salt
@@ -60,18 +65,31 @@ class LedgerStats:
     exact_predictions: int = 0
     predicted_tokens: int = 0
     cached_tokens: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Tokens found cached ÷ tokens queried, over the records that gave ``prompt_tokens``; None before one."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else None
 
 
 class CacheLedger:
     """Subscribes to every backend that declares ``kv_events``; one background thread per endpoint."""
 
     def __init__(self, backends: Iterable[Any], *, max_blocks_per_backend: int = 1 << 20,
-                 replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time,
+                 http: HttpTransport | None = None) -> None:
+        """``http``: the seam :meth:`cross_check` scrapes ``/metrics`` through (default: the process-wide one)."""
         self.clock = clock
+        self.http = http
+        self._roots: dict[str, str | None] = {}
+        self._windows: dict[str, tuple[float, HitCounters, HitCounters]] = {}  # last scrape: when, server, ledger
         self._trees: dict[str, BlockTree] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._subscribers: dict[str, EndpointSubscriber] = {}
-        self._accuracy: dict[str, tuple[int, ...]] = {}  # predictions, exact ones, tokens predicted, tokens cached
+        # predictions, exact ones, tokens predicted, tokens cached, and tokens queried and hit (records with a prompt)
+        self._accuracy: dict[str, tuple[int, ...]] = {}
         for backend in backends:
             if getattr(backend, "kv_events", None) is None:
                 continue
@@ -80,7 +98,8 @@ class CacheLedger:
                 raise ConfigurationError(f"two backends named {name!r} publish KV events; name them apart")
             self._trees[name] = BlockTree(max_blocks=max_blocks_per_backend)
             self._locks[name] = threading.Lock()
-            self._accuracy[name] = (0, 0, 0, 0)
+            self._accuracy[name] = (0, 0, 0, 0, 0, 0)
+            self._roots[name] = getattr(backend, "server_root", None)
             self._subscribers[name] = EndpointSubscriber(
                 name, backend.kv_events, backend.kv_events_replay, self._trees[name], self._locks[name],
                 replay_timeout_s=replay_timeout_s)
@@ -128,12 +147,17 @@ class CacheLedger:
         with self._locks[name]:
             return self._trees[name].held_tokens(token_ids, cache_salt)
 
-    def record(self, backend: Any, predicted: int, actual: int) -> None:
-        """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`)."""
+    def record(self, backend: Any, predicted: int, actual: int, prompt_tokens: int = 0) -> None:
+        """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`).
+
+        ``prompt_tokens`` (the response's ``usage.prompt_tokens``) makes the record count toward the hit rate:
+        ``actual`` tokens hit out of ``prompt_tokens`` queried, as the server's own counters count them.
+        """
         name = self._name(backend)
+        queried = (prompt_tokens, actual) if prompt_tokens > 0 else (0, 0)
         with self._locks[name]:
             self._accuracy[name] = tuple(a + b for a, b in zip(self._accuracy[name], (1, int(predicted == actual),
-                                                                                        predicted, actual)))
+                                                                                        predicted, actual, *queried)))
         if predicted != actual:
             emit("ledger.misprediction", backend=name, predicted=predicted, actual=actual)
 
@@ -169,11 +193,54 @@ class CacheLedger:
         return [RankedBlock(block_hash, tenant_for_salt(block.salt), block.depth, block.tokens, block.last_used)
                 for block_hash, block in ranked]
 
+    # --- the hit rate, cross-checked against the server's /metrics -------------------------------------
+
+    def cross_check(self, backend: Any, *, http: HttpTransport | None = None,
+                    timeout_s: float = 5.0) -> HitRateCheck | None:
+        """Scrape the server's ``/metrics``; the window since the previous scrape, server beside ledger.
+
+        The first call for a backend opens the window and returns None. The server's counters cover every
+        client, so only their change between two scrapes is set beside what :meth:`record` logged in between.
+        Never call it on a request path: it is one HTTP round trip. Raises :class:`agentkv._http.HttpError`.
+        """
+        name, url = self._metrics_url(backend)
+        text = (http or self.http or default_http()).get_text(url, timeout_s=timeout_s)
+        return self._window(name, server_counters(text))
+
+    async def across_check(self, backend: Any, *, http: HttpTransport | None = None,
+                           timeout_s: float = 5.0) -> HitRateCheck | None:
+        """:meth:`cross_check` for async code (scrapes without blocking the event loop)."""
+        name, url = self._metrics_url(backend)
+        text = await (http or self.http or default_http()).aget_text(url, timeout_s=timeout_s)
+        return self._window(name, server_counters(text))
+
+    def _metrics_url(self, backend: Any) -> tuple[str, str]:
+        name = self._name(backend)
+        root = self._roots[name]
+        if root is None:
+            raise ConfigurationError(f"backend {name!r} has no api_base: its /metrics cannot be scraped")
+        return name, f"{root}/metrics"
+
+    def _window(self, name: str, server: HitCounters) -> HitRateCheck | None:
+        """Close the window since the last scrape (if any) and open the next one here."""
+        now = self.clock()
+        with self._locks[name]:
+            ledger = HitCounters(*self._accuracy[name][4:6])
+            previous, self._windows[name] = self._windows.get(name), (now, server, ledger)
+        if previous is None:
+            return None
+        check = compare(name, previous[1], server, previous[2], ledger, window_s=now - previous[0])
+        emit("ledger.cross_check", backend=name, server_queries=check.server.queries, server_hits=check.server.hits,
+             ledger_queries=check.ledger.queries, ledger_hits=check.ledger.hits,
+             unrecorded_queries=check.unrecorded_queries, gap=check.gap, reset=check.reset)
+        return check
+
     # --- health -------------------------------------------------------------------------------------
 
     def stats(self) -> list[LedgerStats]:
-        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not, and how
-        :meth:`record`-ed predictions compared with the ``cached_tokens`` the server reported."""
+        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not, how
+        :meth:`record`-ed predictions compared with the ``cached_tokens`` the server reported, and the hit rate
+        (``hit_rate``: tokens hit ÷ tokens queried, process-wide; :meth:`cross_check` sets it beside the server's)."""
         out = []
         for name, tree in self._trees.items():
             sub = self._subscribers[name]

@@ -1,0 +1,125 @@
+"""The ledger's hit rate, per backend, cross-checked against the embedded server's /metrics over the same window."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("zmq")  # agentkv.ledger subscribes with pyzmq
+
+from agentkv.ledger.hit_rate import HitCounters, compare, server_counters  # noqa: E402
+
+VLLM_TEXT = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 500.0 1733000000000
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 640.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 0.0
+"""
+
+
+def test_server_counters_sum_vllm_engines_and_read_the_former_names():
+    """Both engines' samples add up (a timestamp and _created samples are ignored); pre-0.10 names are read too."""
+    assert server_counters(VLLM_TEXT) == HitCounters(1500, 640)
+    legacy = "vllm:gpu_prefix_cache_queries_total 80\nvllm:gpu_prefix_cache_hits_total 16\n"
+    assert server_counters(legacy) == HitCounters(80, 16)
+    with pytest.raises(ValueError, match="prefix_cache_queries_total"):
+        server_counters("vllm:num_requests_running 0\n")
+
+
+def test_compare_reports_unrecorded_traffic_the_gap_and_a_reset():
+    """The window's server deltas beside the ledger's: equal agrees; extra server queries show; a drop is a reset."""
+    check = compare("b", HitCounters(100, 10), HitCounters(300, 110), HitCounters(5, 5), HitCounters(205, 105),
+                    window_s=1.0)
+    assert check.agrees and check.gap == 0 and check.unrecorded_queries == 0
+    check = compare("b", HitCounters(100, 10), HitCounters(400, 110), HitCounters(0, 0), HitCounters(200, 100),
+                    window_s=1.0)
+    assert not check.agrees and check.unrecorded_queries == 100 and check.gap == pytest.approx(100 / 300 - 0.5)
+    assert compare("b", HitCounters(100, 10), HitCounters(40, 4), HitCounters(), HitCounters(), window_s=1.0).reset
+
+
+# --- against the embedded server, real traffic -------------------------------------------------------------
+
+pytest.importorskip("torch")
+httpx = pytest.importorskip("httpx")
+
+from agentkv.ledger import CacheLedger  # noqa: E402
+from agentkv.local.engine import LocalEngine  # noqa: E402
+from agentkv.local.models import build_model  # noqa: E402
+from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.testing import FakeHttp  # noqa: E402
+
+SYSTEM = "You are a careful agent that reads the whole file before acting. " * 4
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = LocalEngine(build_model("tiny", seed=0), model_id="tiny-hit-rate", max_model_len=1024)
+    config = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    with LocalServer(engine, kv_events_config=config) as running:
+        yield running
+
+
+@pytest.fixture
+def backend(server):
+    return server.backend(kv_events=server.kv_events.endpoint, kv_events_replay=server.kv_events.replay_endpoint)
+
+
+def ask(server: LocalServer, user: str, salt: str) -> dict[str, Any]:
+    body = {"model": server.model_id, "messages": [{"role": "system", "content": SYSTEM},
+                                                   {"role": "user", "content": user}],
+            "max_tokens": 1, "cache_salt": salt}
+    return dict(httpx.post(f"{server.api_base}/chat/completions", json=body, timeout=60).json()["usage"])
+
+
+def recorded(ledger: CacheLedger, backend: Any, server: LocalServer, user: str, salt: str) -> None:
+    usage = ask(server, user, salt)
+    cached = int(usage["prompt_tokens_details"]["cached_tokens"])
+    ledger.record(backend, cached, cached, prompt_tokens=int(usage["prompt_tokens"]))
+
+
+def test_the_ledger_hit_rate_matches_the_server_over_a_window_of_recorded_traffic(server, backend):
+    """Every request recorded: the server's /metrics deltas equal the ledger's tokens queried and hit."""
+    with CacheLedger([backend]) as ledger:
+        assert ledger.cross_check(backend) is None  # opens the window
+        for user in ("Read main.py.", "Read utils.py.", "Read main.py."):
+            recorded(ledger, backend, server, user, "salt-hit-rate")
+        check = ledger.cross_check(backend)
+        (stats,) = ledger.stats()
+    assert check is not None and check.agrees and check.gap == 0 and check.unrecorded_queries == 0
+    assert check.ledger.hits > 0 and check.ledger.queries > check.ledger.hits
+    assert (stats.queried_tokens, stats.hit_tokens) == (check.ledger.queries, check.ledger.hits)
+    assert stats.hit_rate == check.server.hit_rate
+
+
+def test_traffic_the_ledger_did_not_record_shows_as_a_disagreement(server, backend):
+    """A request the ledger never recorded (another client's, all cache hits) moves the server's rate, not the ledger's."""
+    ask(server, "Another client's question.", "salt-other")
+    with CacheLedger([backend]) as ledger:
+        ledger.cross_check(backend)
+        recorded(ledger, backend, server, "A fresh question, never asked before.", "salt-new")
+        ask(server, "Another client's question.", "salt-other")  # warm: its prefix hits, and nobody records it
+        check = ledger.cross_check(backend)
+    assert check is not None and not check.agrees
+    assert check.unrecorded_queries > 0 and check.server.hits > check.ledger.hits
+    assert check.gap is not None and check.gap > 0
+
+
+def test_the_async_twin_scrapes_without_blocking_and_windows_chain(server, backend):
+    """across_check awaits the seam's async text GET (no sync call), and each call closes the previous window."""
+    real = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    fake = FakeHttp(lambda method, url, body: real if url == f"{server.base_url}/metrics" else (404, {}))
+
+    async def twice() -> Any:
+        with CacheLedger([backend], http=fake) as ledger:
+            await ledger.across_check(backend)
+            return await ledger.across_check(backend)
+
+    check = asyncio.run(twice())
+    assert check is not None and check.agrees and check.server == HitCounters(0, 0)
+    assert [(c.method, c.asynchronous, c.blocking) for c in fake.calls] == [("GET", True, False)] * 2
