@@ -111,3 +111,32 @@ def test_a_template_that_renders_tools_in_later_turns_is_counted_with_them():
         got = counts(TemplateSource("cl100k_base", template), growing)
     assert got == counts(TemplateSource("cl100k_base", template, incremental=False), growing)
     assert [e for e in events if e["event"] == "incremental_count_disabled"]
+
+
+def test_split_lines_cuts_exactly_where_the_chunk_boundary_regex_cuts():
+    """The str.split cutter yields the look-around regex's chunks (as a multiset) on seeded random texts
+    with blank lines, tabs, carriage returns and Unicode spaces."""
+    import random
+
+    from agentkv.tokens.sources import _CHUNK_BOUNDARY, split_lines
+
+    rng = random.Random(14)
+    alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t "]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        lines, rest = split_lines(text)
+        expected = [c for c in _CHUNK_BOUNDARY.split(text) if c]
+        assert sorted([line + "\n" for line in lines] + [c for c in rest if c]) == sorted(expected), repr(text)
+
+
+def test_tool_schemas_edited_in_place_are_counted_again():
+    """The context snapshot is a copy: a tool schema mutated in place between two requests changes the count
+    as a fresh source would see it."""
+    tools = copy.deepcopy(TOOLS)
+    msgs = trace(3)
+    source, full = TemplateSource("cl100k_base"), TemplateSource("cl100k_base", incremental=False)
+    before = source.count(Payload(tuple(msgs), tuple(tools)))
+    tools[2]["function"]["description"] = "Look a host up, with its full incident history and owners."
+    after = source.count(Payload(tuple(msgs + [{"role": "user", "content": "more"}]), tuple(tools)))
+    expected = full.count(Payload(tuple(msgs + [{"role": "user", "content": "more"}]), tuple(tools)))
+    assert (after.total, after.tools) == (expected.total, expected.tools) and after.tools > before.tools
