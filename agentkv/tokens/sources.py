@@ -393,7 +393,9 @@ class TiktokenSource:
         self._messages: LRUCache[str, int] = LRUCache(maxsize)
         self._tools: LRUCache[str, int] = LRUCache(256)
         self._lock = threading.Lock()
-        self._previous: PrefixMemo[int] = PrefixMemo()  # the last request's per-message counts
+        # the last request's per-message counts, and its context (a snapshot: see TemplateSource._context)
+        self._previous: PrefixMemo[int] = PrefixMemo(copy_context=False)
+        self._last_context: tuple[Any, Any] | None = None
         self._last_tools: int | None = None
         self._priming: int | None = None
 
@@ -401,7 +403,7 @@ class TiktokenSource:
         if payload.messages is None:
             total = self._exact.count(payload).total
             return _estimate(total, 0, 1, self.name)
-        context = (payload.tools, payload.tool_choice)
+        context = self._snapshot((payload.tools, payload.tool_choice))
         kept, counts = self._previous.common(context, payload.messages)
         # kept > 0 means the same tools as the previous request: their count is reused without hashing
         tools = self._last_tools if kept and self._last_tools is not None else self._tools_tokens(payload)
@@ -410,6 +412,14 @@ class TiktokenSource:
         self._last_tools = tools
         total = sum(counts) + self._reply_priming() + tools
         return _estimate(total, tools, len(counts), self.name)
+
+    def _snapshot(self, context: tuple[Any, Any]) -> tuple[Any, Any]:
+        """The previous request's own copy of ``context`` when equal (one comparison), else a new copy."""
+        last = self._last_context
+        if last is not None and last == context:
+            return last
+        self._last_context = copy.deepcopy(context)
+        return self._last_context
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
         key = digest(message, 24)
