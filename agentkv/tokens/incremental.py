@@ -60,13 +60,31 @@ class PrefixMemo(Generic[F]):
         with self._lock:
             same_context = kept > 0 and self._context == context
             head = self._messages[:kept] if same_context else []
-            self._context = context if same_context or not self._copy_context else copy.deepcopy(context)
-            self._messages = head + [copy.deepcopy(m) for m in messages[len(head):]]
+            self._context = context if same_context or not self._copy_context else snapshot(context)
+            self._messages = head + [snapshot(m) for m in messages[len(head):]]
             self._figures = list(figures)
 
     def clear(self) -> None:
         with self._lock:
             self._context, self._messages, self._figures = None, [], []
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def snapshot(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (plain dicts and lists rebuilt, immutable leaves shared) at a fraction of
+    ``copy.deepcopy``'s cost; anything else is deep-copied."""
+    kind = type(value)
+    if kind is dict:
+        return {k: snapshot(v) for k, v in value.items()}
+    if kind is list:
+        return [snapshot(v) for v in value]
+    if kind is tuple:
+        return tuple(snapshot(v) for v in value)
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
 
 
 # Incremental counts are checked against a full rendering on the first turns of each template (and of

@@ -6,7 +6,6 @@ Each source counts a :class:`~agentkv.tokens.Payload` or raises
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import sys
@@ -21,6 +20,7 @@ from agentkv.events import canonical_json, digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
 from agentkv.tokens.encodings import DEFAULT_ENCODING, get_encoding
 from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly
+from agentkv.tokens.incremental import snapshot as copy_snapshot
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
@@ -75,22 +75,37 @@ def _glued_lines(body: str) -> list[tuple[int, int]]:
     return runs
 
 
+def word_cut(line: str) -> int:
+    """Where ``line`` splits into two pre-token-bounded pieces: before its first space that follows a
+    non-space and precedes one (``  "id":| "inc-7",``); 0 when it has none. GPT-style splitting regexes
+    only ever start a pre-token with a space, so counts of the two pieces add up."""
+    i = line.find(" ", 1)
+    while i > 0:
+        if not line[i - 1].isspace() and i + 1 < len(line) and not line[i + 1].isspace():
+            return i
+        i = line.find(" ", i + 1)
+    return 0
+
+
 class ChunkedEncoder:
     """Counts text by newline-bounded chunks, each tokenized once and memoised by its content.
 
-    Appending one message to a long conversation tokenizes only that message's chunks.
-    ``encode`` is ``text -> token ids``. The first call checks that chunked counts equal a full
-    encode for this tokenizer; where they do not, it counts whole texts instead.
+    Appending one message to a long conversation tokenizes only that message's chunks, and of a line
+    not seen before, only what follows its first word when that word was seen (:func:`word_cut`: a
+    JSON line's key repeats, its value is new). ``encode`` is ``text -> token ids``. The first call
+    checks on its text that chunked counts (with word cuts, then without) equal a full encode for this
+    tokenizer; where they do not, it counts whole texts instead.
     """
 
     def __init__(self, encode_fn: Callable[[str], Sequence[int]], maxsize: int = 65536) -> None:
         self._encode = encode_fn
-        # plain dicts (atomic get/set), each emptied when it outgrows maxsize: chunks, and lines (a line's
-        # count is that of the line and its newline)
+        # plain dicts (atomic get/set), each emptied when it outgrows maxsize: chunks and line pieces, and
+        # lines (a line's count is that of the line and its newline)
         self._memo: dict[str, int] = {}
         self._lines: dict[str, int] = {}
         self._maxsize = maxsize
         self._chunking: bool | None = None
+        self._word_cuts = False
 
     @property
     def splits_exactly(self) -> bool:
@@ -99,31 +114,57 @@ class ChunkedEncoder:
 
     def count(self, text: str) -> int:
         if self._chunking is None:
-            self._chunking = self._chunking_is_exact(text)
+            self._chunking, self._word_cuts = self._chunking_is_exact(text)
         if not self._chunking:
             return len(self._encode(text))
         lines, rest = split_lines(text)
-        return self._sum(self._lines, lines, "\n") + (self._sum(self._memo, rest, "") if rest else 0)
+        total = self._sum(self._lines, lines, self._line_count)
+        return total + (self._sum(self._memo, rest, self._piece_count) if rest else 0)
 
-    def _sum(self, memo: dict[str, int], keys: list[str], suffix: str) -> int:
-        """The summed counts of ``key + suffix`` for each key: memo lookups at C speed, misses encoded once."""
+    def _sum(self, memo: dict[str, int], keys: list[str], count: Callable[[str], int]) -> int:
+        """The summed counts of ``keys``: memo lookups at C speed, each miss counted once by ``count``."""
         counts = list(map(memo.get, keys))
         if None in counts:
             for i, key in enumerate(keys):
                 if counts[i] is None:
-                    counted = memo.get(key)  # a chunk repeated within this text is encoded once
-                    counts[i] = memo[key] = len(self._encode(key + suffix)) if counted is None else counted
+                    counted = memo.get(key)  # a chunk repeated within this text is counted once
+                    counts[i] = memo[key] = count(key) if counted is None else counted
             if len(memo) > self._maxsize:
                 memo.clear()
         return sum(counts)  # type: ignore[arg-type]
 
-    def _chunking_is_exact(self, text: str) -> bool:
+    def _line_count(self, line: str) -> int:
+        """Tokens of ``line`` and its newline: its first word and the rest apart when they split exactly."""
+        cut = word_cut(line) if self._word_cuts else 0
+        if cut == 0:
+            return len(self._encode(line + "\n"))
+        memo, head = self._memo, line[:cut]
+        counted = memo.get(head)
+        if counted is None:
+            counted = memo[head] = len(self._encode(head))
+        return counted + len(self._encode(line[cut:] + "\n"))
+
+    def _piece_count(self, piece: str) -> int:
+        return len(self._encode(piece))
+
+    def _chunking_is_exact(self, text: str) -> tuple[bool, bool]:
+        """Whether chunks, and word cuts within lines, count as the whole text does (checked on ``text``)."""
         sample = text if len(text) < 200_000 else text[:200_000]
         whole = len(self._encode(sample))
-        pieces = sum(len(self._encode(c)) for c in _CHUNK_BOUNDARY.split(sample))
+        chunks = _CHUNK_BOUNDARY.split(sample)
+        pieces = sum(len(self._encode(c)) for c in chunks)
         if whole != pieces:
             emit("chunked_count_disabled", level="warning", whole=whole, chunked=pieces)
-        return whole == pieces
+            return False, False
+        words = sum(len(self._encode(p)) for c in chunks for p in _word_pieces(c))
+        if words != whole:
+            emit("word_cuts_disabled", level="info", whole=whole, chunked=words)
+        return True, words == whole
+
+
+def _word_pieces(chunk: str) -> tuple[str, ...]:
+    cut = word_cut(chunk)
+    return (chunk[:cut], chunk[cut:]) if cut else (chunk,)
 
 
 class TemplateSource:
@@ -194,8 +235,8 @@ class TemplateSource:
         last = self._last_context
         if last is not None and last[0] == context:
             return last
-        snapshot = copy.deepcopy(context)
-        self._last_context = (snapshot, self._tools_tokens(Payload((), *snapshot[:2], template_kwargs=snapshot[2])))
+        tools, tool_choice, template_kwargs = snapshot = copy_snapshot(context)
+        self._last_context = (snapshot, self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs)))
         return self._last_context
 
     def _render_parts(self, messages: Sequence[Mapping[str, Any]], context: tuple[Any, Any, Any],
@@ -418,7 +459,7 @@ class TiktokenSource:
         last = self._last_context
         if last is not None and last == context:
             return last
-        self._last_context = copy.deepcopy(context)
+        self._last_context = copy_snapshot(context)
         return self._last_context
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
