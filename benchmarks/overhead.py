@@ -16,6 +16,8 @@ carries the server's jitter), and the Session's time around a client that answer
 litellm, no model: its own cost, free of other threads' noise); and ``/tokenize`` calls per 100 turns.
 
     python benchmarks/overhead.py               # about 2 minutes on 2 CPU cores
+    python benchmarks/overhead.py --gap-ms 20   # an agent's tool step before each call: litellm's logging
+                                                # thread then no longer contends with the timed call for the GIL
 """
 
 from __future__ import annotations
