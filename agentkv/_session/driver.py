@@ -21,14 +21,16 @@ from typing import Any, Callable, Literal, Mapping
 
 import agentkv._env as _env
 from agentkv._http import HttpTransport, default_http
-from agentkv._session.attempts import Attempt, Observation, as_litellm_sends, raw_warm_target, warm_body, warm_kwargs
+from agentkv._session.attempts import (
+    Attempt, LitellmSends, Observation, raw_warm_target, warm_body, warm_kwargs,
+)
 from agentkv._session.escalation import Handoff, prefix_report, schedule_warm_prefix_check
 from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, to_facts
 from agentkv._session.record import Recorder
 from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery, discovery_for
 from agentkv.errors import ContextOverflowError
-from agentkv.events import emit, prompt_fields
+from agentkv.events import emit, enabled, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient
@@ -118,6 +120,7 @@ class Session:
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
                                tenant=tenant)
         self._record = Recorder(self._stats)
+        self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -145,7 +148,7 @@ class Session:
     # ----------------------------------------------------------------- the drivers
     def completion(self, **kwargs: Any) -> Any:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
-        kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
+        kwargs = dict(self._sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = self._facts()
         attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
@@ -167,7 +170,7 @@ class Session:
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
-        kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
+        kwargs = dict(self._sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = await self._afacts()
         attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
@@ -421,7 +424,7 @@ class Session:
             estimate=decision.estimated_input_tokens, floor=self.routing.output_floor, window=decision.window,
             max_tokens=decision.max_tokens, count_source=count.source, exact=count.exact,
             tool_tokens=count.tools, session=self.session_id, tenant=self.tenant, note=decision.note or None,
-            **prompt_fields(self._history[-1] if self._history else None),
+            **(prompt_fields(self._history[-1] if self._history else None) if enabled("info") else {}),
         )
 
     # ----------------------------------------------------------------- the reactive path
