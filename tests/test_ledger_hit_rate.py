@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -123,3 +124,40 @@ def test_the_async_twin_scrapes_without_blocking_and_windows_chain(server, backe
     check = asyncio.run(twice())
     assert check is not None and check.agrees and check.server == HitCounters(0, 0)
     assert [(c.method, c.asynchronous, c.blocking) for c in fake.calls] == [("GET", True, False)] * 2
+
+
+def metrics_text(queries: int, hits: int, created: float = 1.7e9) -> str:
+    """A vLLM-shaped exposition of the two prefix-cache counters (one engine)."""
+    labels = '{engine="0",model_name="m"}'
+    return (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{labels} {queries}.0\n"
+            f"vllm:prefix_cache_queries_created{labels} {created}\n"
+            f"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{labels} {hits}.0\n")
+
+
+def test_a_scrape_overtaken_by_a_later_one_is_dropped_not_read_as_a_reset(backend):
+    """Two concurrent cross_checks: the one that started first but answered last closes no window (its counters are
+    older than the stored ones), so it neither reports a false reset nor shifts the next window's start."""
+    started, release = threading.Event(), threading.Event()
+    answers = iter([metrics_text(100, 10), None, metrics_text(300, 30), metrics_text(300, 30)])
+
+    def handler(method: str, url: str, body: Any) -> Any:
+        answer = next(answers)
+        if answer is None:  # the slow scrape: it began before the next one and returns older counters
+            started.set()
+            release.wait(10)
+            return metrics_text(200, 20)
+        return answer
+
+    with CacheLedger([backend], http=FakeHttp(handler)) as ledger:
+        ledger.cross_check(backend)
+        results: list[Any] = []
+        slow = threading.Thread(target=lambda: results.append(ledger.cross_check(backend)))
+        slow.start()
+        assert started.wait(10)
+        fresh = ledger.cross_check(backend)
+        release.set()
+        slow.join(10)
+        after = ledger.cross_check(backend)
+    assert fresh is not None and fresh.server == HitCounters(200, 20) and not fresh.reset
+    assert results == [None]
+    assert after is not None and after.server == HitCounters(0, 0) and not after.reset
