@@ -161,3 +161,27 @@ def test_a_scrape_overtaken_by_a_later_one_is_dropped_not_read_as_a_reset(backen
     assert fresh is not None and fresh.server == HitCounters(200, 20) and not fresh.reset
     assert results == [None]
     assert after is not None and after.server == HitCounters(0, 0) and not after.reset
+
+
+@pytest.mark.parametrize("value", ["+Inf", "NaN", "", "12abc"])
+def test_a_malformed_or_non_finite_counter_is_a_value_error_without_the_server_text(value):
+    """A counter sample that is not a finite number raises ValueError (not OverflowError or IndexError), and the
+    message quotes nothing the server sent; other series' odd values (a NaN gauge) are not read at all."""
+    text = f"vllm:prefix_cache_queries_total{{engine=\"0\"}} {value}\nvllm:prefix_cache_hits_total 1\n"
+    with pytest.raises(ValueError) as raised:
+        server_counters(text)
+    assert "finite number" in str(raised.value) and (not value or value not in str(raised.value))
+    assert server_counters(metrics_text(5, 1) + "vllm:gpu_prefix_cache_hit_rate NaN\n") == HitCounters(5, 1)
+
+
+def test_a_restart_that_outgrew_the_old_counters_is_a_reset_by_its_created_timestamp():
+    """A server restarted inside the window whose new counters already exceed the old ones is still a reset when
+    vLLM's ``_created`` series changed; the window then counts from the restart. Without ``_created`` (Prometheus
+    multiprocess mode) only counters that went down show a reset."""
+    before, after = server_counters(metrics_text(100, 10)), server_counters(metrics_text(150, 15, created=1.8e9))
+    check = compare("b", before, after, HitCounters(), HitCounters(150, 15), window_s=1.0)
+    assert check.reset and check.server == HitCounters(150, 15) and not check.agrees
+    same = compare("b", before, server_counters(metrics_text(150, 15)), HitCounters(), HitCounters(50, 5), window_s=1.0)
+    assert not same.reset and same.agrees
+    bare = "vllm:prefix_cache_queries_total 150\nvllm:prefix_cache_hits_total 15\n"
+    assert not compare("b", before, server_counters(bare), HitCounters(), HitCounters(50, 5), window_s=1.0).reset
