@@ -153,7 +153,9 @@ class CacheLedger:
         """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`).
 
         ``prompt_tokens`` (the response's ``usage.prompt_tokens``) makes the record count toward the hit rate:
-        ``actual`` tokens hit out of ``prompt_tokens`` queried, as the server's own counters count them.
+        ``actual`` tokens hit out of ``prompt_tokens`` queried, as the server's own counters count them. vLLM
+        leaves out of those counters a request that skips the cache lookup (``prompt_logprobs``, pooling): record
+        such a request without ``prompt_tokens``, or the cross-check shows a negative ``unrecorded_queries``.
         """
         name = self._name(backend)
         queried = (prompt_tokens, actual) if prompt_tokens > 0 else (0, 0)
