@@ -176,12 +176,14 @@ def test_a_malformed_or_non_finite_counter_is_a_value_error_without_the_server_t
 
 def test_a_restart_that_outgrew_the_old_counters_is_a_reset_by_its_created_timestamp():
     """A server restarted inside the window whose new counters already exceed the old ones is still a reset when
-    vLLM's ``_created`` series changed; the window then counts from the restart. Without ``_created`` (Prometheus
-    multiprocess mode) only counters that went down show a reset."""
+    vLLM's ``_created`` series changed (an engine's series added later is not one); the window then counts from the
+    restart. Without ``_created`` (Prometheus multiprocess mode) only counters that went down show a reset."""
     before, after = server_counters(metrics_text(100, 10)), server_counters(metrics_text(150, 15, created=1.8e9))
     check = compare("b", before, after, HitCounters(), HitCounters(150, 15), window_s=1.0)
     assert check.reset and check.server == HitCounters(150, 15) and not check.agrees
     same = compare("b", before, server_counters(metrics_text(150, 15)), HitCounters(), HitCounters(50, 5), window_s=1.0)
     assert not same.reset and same.agrees
+    later = metrics_text(150, 15) + metrics_text(0, 0, created=1.9e9).replace('engine="0"', 'engine="1"')
+    assert not compare("b", before, server_counters(later), HitCounters(), HitCounters(50, 5), window_s=1.0).reset
     bare = "vllm:prefix_cache_queries_total 150\nvllm:prefix_cache_hits_total 15\n"
     assert not compare("b", before, server_counters(bare), HitCounters(), HitCounters(50, 5), window_s=1.0).reset

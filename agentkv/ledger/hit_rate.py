@@ -86,7 +86,7 @@ def server_counters(text: str) -> HitCounters:
         raise ValueError("no vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total in the metrics")
     created = [_number(raw) for raw in samples.get(queries.removesuffix("_total") + "_created", [])]
     return HitCounters(int(sum(map(_number, samples[queries]))), int(sum(map(_number, samples[hits]))),
-                       max(created) if created else None)
+                       min(created) if created else None)  # a series added later is not a restart
 
 
 def _samples(text: str) -> dict[str, list[str]]:
