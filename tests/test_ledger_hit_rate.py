@@ -172,6 +172,8 @@ def test_a_malformed_or_non_finite_counter_is_a_value_error_without_the_server_t
         server_counters(text)
     assert "finite number" in str(raised.value) and (not value or value not in str(raised.value))
     assert server_counters(metrics_text(5, 1) + "vllm:gpu_prefix_cache_hit_rate NaN\n") == HitCounters(5, 1)
+    with pytest.raises(ValueError, match="finite number"):  # an unclosed label set
+        server_counters('vllm:prefix_cache_queries_total{engine="0" 5\nvllm:prefix_cache_hits_total 1\n')
 
 
 def test_a_restart_that_outgrew_the_old_counters_is_a_reset_by_its_created_timestamp():

@@ -95,7 +95,7 @@ def _samples(text: str) -> dict[str, list[str]]:
     for line in text.splitlines():
         if line.startswith("vllm:") and "prefix_cache_" in line:
             name = line.split("{", 1)[0].split(" ", 1)[0]
-            fields = (line.rsplit("}", 1)[1] if "{" in line else line[len(name):]).split()
+            fields = (line.rpartition("}")[2] if "{" in line else line[len(name):]).split()
             out.setdefault(name, []).append(fields[0] if fields else "")  # value, then an optional timestamp
     return out
 
