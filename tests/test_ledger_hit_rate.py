@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -123,3 +124,68 @@ def test_the_async_twin_scrapes_without_blocking_and_windows_chain(server, backe
     check = asyncio.run(twice())
     assert check is not None and check.agrees and check.server == HitCounters(0, 0)
     assert [(c.method, c.asynchronous, c.blocking) for c in fake.calls] == [("GET", True, False)] * 2
+
+
+def metrics_text(queries: int, hits: int, created: float = 1.7e9) -> str:
+    """A vLLM-shaped exposition of the two prefix-cache counters (one engine)."""
+    labels = '{engine="0",model_name="m"}'
+    return (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{labels} {queries}.0\n"
+            f"vllm:prefix_cache_queries_created{labels} {created}\n"
+            f"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{labels} {hits}.0\n")
+
+
+def test_a_scrape_overtaken_by_a_later_one_is_dropped_not_read_as_a_reset(backend):
+    """Two concurrent cross_checks: the one that started first but answered last closes no window (its counters are
+    older than the stored ones), so it neither reports a false reset nor shifts the next window's start."""
+    started, release = threading.Event(), threading.Event()
+    answers = iter([metrics_text(100, 10), None, metrics_text(300, 30), metrics_text(300, 30)])
+
+    def handler(method: str, url: str, body: Any) -> Any:
+        answer = next(answers)
+        if answer is None:  # the slow scrape: it began before the next one and returns older counters
+            started.set()
+            release.wait(10)
+            return metrics_text(200, 20)
+        return answer
+
+    with CacheLedger([backend], http=FakeHttp(handler)) as ledger:
+        ledger.cross_check(backend)
+        results: list[Any] = []
+        slow = threading.Thread(target=lambda: results.append(ledger.cross_check(backend)))
+        slow.start()
+        assert started.wait(10)
+        fresh = ledger.cross_check(backend)
+        release.set()
+        slow.join(10)
+        after = ledger.cross_check(backend)
+    assert fresh is not None and fresh.server == HitCounters(200, 20) and not fresh.reset
+    assert results == [None]
+    assert after is not None and after.server == HitCounters(0, 0) and not after.reset
+
+
+@pytest.mark.parametrize("value", ["+Inf", "NaN", "", "12abc"])
+def test_a_malformed_or_non_finite_counter_is_a_value_error_without_the_server_text(value):
+    """A counter sample that is not a finite number raises ValueError (not OverflowError or IndexError), and the
+    message quotes nothing the server sent; other series' odd values (a NaN gauge) are not read at all."""
+    text = f"vllm:prefix_cache_queries_total{{engine=\"0\"}} {value}\nvllm:prefix_cache_hits_total 1\n"
+    with pytest.raises(ValueError) as raised:
+        server_counters(text)
+    assert "finite number" in str(raised.value) and (not value or value not in str(raised.value))
+    assert server_counters(metrics_text(5, 1) + "vllm:gpu_prefix_cache_hit_rate NaN\n") == HitCounters(5, 1)
+    with pytest.raises(ValueError, match="finite number"):  # an unclosed label set
+        server_counters('vllm:prefix_cache_queries_total{engine="0" 5\nvllm:prefix_cache_hits_total 1\n')
+
+
+def test_a_restart_that_outgrew_the_old_counters_is_a_reset_by_its_created_timestamp():
+    """A server restarted inside the window whose new counters already exceed the old ones is still a reset when
+    vLLM's ``_created`` series changed (an engine's series added later is not one); the window then counts from the
+    restart. Without ``_created`` (Prometheus multiprocess mode) only counters that went down show a reset."""
+    before, after = server_counters(metrics_text(100, 10)), server_counters(metrics_text(150, 15, created=1.8e9))
+    check = compare("b", before, after, HitCounters(), HitCounters(150, 15), window_s=1.0)
+    assert check.reset and check.server == HitCounters(150, 15) and not check.agrees
+    same = compare("b", before, server_counters(metrics_text(150, 15)), HitCounters(), HitCounters(50, 5), window_s=1.0)
+    assert not same.reset and same.agrees
+    later = metrics_text(150, 15) + metrics_text(0, 0, created=1.9e9).replace('engine="0"', 'engine="1"')
+    assert not compare("b", before, server_counters(later), HitCounters(), HitCounters(50, 5), window_s=1.0).reset
+    bare = "vllm:prefix_cache_queries_total 150\nvllm:prefix_cache_hits_total 15\n"
+    assert not compare("b", before, server_counters(bare), HitCounters(), HitCounters(50, 5), window_s=1.0).reset

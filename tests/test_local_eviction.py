@@ -121,6 +121,35 @@ def test_pinned_blocks_are_never_evicted_and_rejoin_tail_first():
     assert len(cache) == 0
 
 
+def test_an_insert_that_fails_part_way_still_reports_what_it_stored_and_evicted():
+    """When building a block raises mid-chain, the blocks already added and the evictions that made room are
+    published at once, so a subscriber's view matches the cache (no later BlockRemoved for an unannounced block)."""
+    cache = PrefixCache(block_size=BLOCK, num_blocks=3, policy="lru")
+    seen: set[bytes] = set()
+
+    def apply(events: list[Any]) -> None:
+        for event in events:
+            if event.kind == "stored":
+                seen.update(event.hashes)
+            elif event.kind == "removed":
+                assert set(event.hashes) <= seen
+                seen.difference_update(event.hashes)
+
+    cache.on_events = apply
+    fill(cache, 0, 3, "a")
+
+    def block_at(index: int) -> KVBlock:
+        if index == 2:
+            raise MemoryError("no room for the third block")
+        return make_block()
+
+    with pytest.raises(MemoryError):
+        cache.insert(cache.hashes(list(range(500, 500 + 3 * BLOCK)), "b"), block_at)
+    assert seen == set(cache.keys()) and len(cache) == 3
+    fill(cache, 900, 3, "c")
+    assert seen == set(cache.keys())
+
+
 def test_a_running_request_keeps_its_blocks_through_a_flood_even_under_lru():
     """The engine pins a running request's prompt blocks: A's flood cannot evict them until the request ends."""
     engine = LocalEngine(build_model("tiny", seed=0), max_model_len=1024, num_blocks=12, eviction_policy="lru")

@@ -84,7 +84,9 @@ class CacheLedger:
         self.clock = clock
         self.http = http
         self._roots: dict[str, str | None] = {}
-        self._windows: dict[str, tuple[float, HitCounters, HitCounters]] = {}  # last scrape: when, server, ledger
+        # the last scrape that closed a window: its ticket, when, the server's counters and the ledger's
+        self._windows: dict[str, tuple[int, float, HitCounters, HitCounters]] = {}
+        self._tickets: dict[str, int] = {}  # scrapes begun per backend: a later ticket began later
         self._trees: dict[str, BlockTree] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._subscribers: dict[str, EndpointSubscriber] = {}
@@ -151,7 +153,9 @@ class CacheLedger:
         """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`).
 
         ``prompt_tokens`` (the response's ``usage.prompt_tokens``) makes the record count toward the hit rate:
-        ``actual`` tokens hit out of ``prompt_tokens`` queried, as the server's own counters count them.
+        ``actual`` tokens hit out of ``prompt_tokens`` queried, as the server's own counters count them. vLLM
+        leaves out of those counters a request that skips the cache lookup (``prompt_logprobs``, pooling): record
+        such a request without ``prompt_tokens``, or the cross-check shows a negative ``unrecorded_queries``.
         """
         name = self._name(backend)
         queried = (prompt_tokens, actual) if prompt_tokens > 0 else (0, 0)
@@ -201,35 +205,45 @@ class CacheLedger:
 
         The first call for a backend opens the window and returns None. The server's counters cover every
         client, so only their change between two scrapes is set beside what :meth:`record` logged in between.
-        Never call it on a request path: it is one HTTP round trip. Raises :class:`agentkv._http.HttpError`.
+        Calls may overlap (threads, tasks): a scrape that answers after one begun later returns None and leaves
+        the window alone. Never call it on a request path: it is one HTTP round trip. Raises
+        :class:`agentkv._http.HttpError`, or ValueError when the server exposes no prefix-cache counters (vLLM
+        with ``--disable-log-stats``).
         """
-        name, url = self._metrics_url(backend)
+        name, url, ticket = self._begin_scrape(backend)
         text = (http or self.http or default_http()).get_text(url, timeout_s=timeout_s)
-        return self._window(name, server_counters(text))
+        return self._window(name, ticket, server_counters(text))
 
     async def across_check(self, backend: Any, *, http: HttpTransport | None = None,
                            timeout_s: float = 5.0) -> HitRateCheck | None:
         """:meth:`cross_check` for async code (scrapes without blocking the event loop)."""
-        name, url = self._metrics_url(backend)
+        name, url, ticket = self._begin_scrape(backend)
         text = await (http or self.http or default_http()).aget_text(url, timeout_s=timeout_s)
-        return self._window(name, server_counters(text))
+        return self._window(name, ticket, server_counters(text))
 
-    def _metrics_url(self, backend: Any) -> tuple[str, str]:
+    def _begin_scrape(self, backend: Any) -> tuple[str, str, int]:
+        """The backend's name, its ``/metrics`` URL and this scrape's ticket (scrapes may overlap)."""
         name = self._name(backend)
         root = self._roots[name]
         if root is None:
             raise ConfigurationError(f"backend {name!r} has no api_base: its /metrics cannot be scraped")
-        return name, f"{root}/metrics"
+        with self._locks[name]:
+            ticket = self._tickets[name] = self._tickets.get(name, 0) + 1
+        return name, f"{root}/metrics", ticket
 
-    def _window(self, name: str, server: HitCounters) -> HitRateCheck | None:
-        """Close the window since the last scrape (if any) and open the next one here."""
+    def _window(self, name: str, ticket: int, server: HitCounters) -> HitRateCheck | None:
+        """Close the window since the last scrape (if any) and open the next one here; None for the first scrape,
+        and for one overtaken by a scrape that began after it (its counters are older than the window's start)."""
         now = self.clock()
         with self._locks[name]:
+            previous = self._windows.get(name)
+            if previous is not None and previous[0] > ticket:
+                return None
             ledger = HitCounters(*self._accuracy[name][4:6])
-            previous, self._windows[name] = self._windows.get(name), (now, server, ledger)
+            self._windows[name] = (ticket, now, server, ledger)
         if previous is None:
             return None
-        check = compare(name, previous[1], server, previous[2], ledger, window_s=now - previous[0])
+        check = compare(name, previous[2], server, previous[3], ledger, window_s=now - previous[1])
         emit("ledger.cross_check", backend=name, server_queries=check.server.queries, server_hits=check.server.hits,
              ledger_queries=check.ledger.queries, ledger_hits=check.ledger.hits,
              unrecorded_queries=check.unrecorded_queries, gap=check.gap, reset=check.reset)

@@ -15,6 +15,12 @@ inserted) and evicts the coldest evictable block of the group it names.
   (``vllm/v1/core/block_pool.py`` pops the queue's head; a finished request's blocks go to its tail, chain
   tail first, so a prefix loses its tail before its head).
 
+Limits of ``"fair"``: it is fair per salt, not per tenant. The share is ``capacity / groups``, so whoever may choose
+salts freely can claim one share per salt it mints and shrink everyone's (ten salts, each one block, evict a
+three-block prefix held within its two-group share). Fairness between tenants holds only where a gateway derives
+one salt per tenant (:func:`agentkv.tenancy.derive_cache_salt`) and tenants cannot send their own. Blocks a running
+request pins count toward its group's share but cannot be evicted, so many long requests hold what they pin.
+
 Usage::
 
     victim = victim_group("fair", [GroupFacts("a", used=900, coldest=3), GroupFacts("b", used=100, coldest=1)],

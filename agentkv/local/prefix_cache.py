@@ -182,20 +182,23 @@ class PrefixCache:
         """Cache the blocks of a chain that are missing, building block ``i`` with ``block_at(i)``.
 
         Stops early when the pool cannot hold more without evicting this chain's own blocks or blocks in use.
-        Returns the number of leading blocks of the chain that are cached afterwards.
+        Returns the number of leading blocks of the chain that are cached afterwards. If ``block_at`` raises, what
+        was added and evicted before is kept and reported, and the error propagates.
         """
         chain = set(hashes)
         salt: str | None = getattr(hashes, "salt", None)
         self._touch([key for key in hashes if key in self._blocks])
         added: list[int] = []
-        for index, key in enumerate(hashes):
-            if key not in self._blocks:
-                if not self._add(key, block_at(index), salt, chain):
-                    break
-                added.append(index)
-        self._touch([key for key in hashes if key in self._blocks])
-        if self.on_events is not None:
-            self._report(_stored_runs(hashes, added, self.block_size))
+        try:
+            for index, key in enumerate(hashes):
+                if key not in self._blocks:
+                    if not self._add(key, block_at(index), salt, chain):
+                        break
+                    added.append(index)
+            self._touch([key for key in hashes if key in self._blocks])
+        finally:
+            if self.on_events is not None:
+                self._report(_stored_runs(hashes, added, self.block_size))
         return self._leading(hashes)
 
     def pin(self, hashes: Sequence[bytes]) -> tuple[int, list[bytes]]:

@@ -16,6 +16,8 @@ import signal
 import threading
 from typing import Any
 
+from agentkv.local.eviction import EVICTION_POLICIES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-budget-mb", type=int, default=512, help="prefix-cache budget in MiB")
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
                         help="bound the prefix cache to this many blocks as well as the byte budget (as vLLM's flag)")
-    parser.add_argument("--eviction-policy", choices=("fair", "lru"), default="fair",
+    parser.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="fair",
                         help="which cached blocks go when the pool is full: fair (default; the cache_salt furthest "
                              "over its fair share loses its coldest block) or lru (vLLM's order)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed for a built model")
