@@ -10,7 +10,7 @@ compares the escalated turn's time to first token in the two runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 TRAINED = ("The embedded models are a small family trained on this machine on the Python standard library: "
@@ -40,9 +40,21 @@ class DemoRun:
     label: str
     rows: list[TurnRow] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    slow_requests_before_escalation: int = 0  # warms: every request slow served before the escalated turn
+    slow_prefill_before_escalation: int = 0  # tokens slow prefilled (prompt minus prefix-cache hits) for them
 
     def escalation(self) -> TurnRow | None:
         return next((r for r in self.rows if r.reason in ("proactive", "reactive_escalate")), None)
+
+    def last_fast_turn(self) -> TurnRow | None:
+        """The last turn fast answered before the escalation (one turn smaller than it)."""
+        escalation = self.escalation()
+        before = [r for r in self.rows if escalation is None or r.turn < escalation.turn]
+        return before[-1] if before else None
+
+    @property
+    def warms_sent(self) -> int:
+        return sum(self.stats.get(k, 0) for k in ("warm_fired", "warm_rewarm_evicted", "warm_top_up"))
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class DemoConfig:
     warm_timeout_s: float = 30.0
 
     trained: str | None = None  # a family recipe ("micro", "full"): trained models instead of random weights
+    top_up_tokens: int = 1024  # event-aware runs (run_modes) only
 
     @classmethod
     def quick(cls) -> "DemoConfig":
@@ -86,17 +99,42 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
     return warm, cold
 
 
-def _servers(config: DemoConfig, server: Any) -> tuple[Any, Any]:
+def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun, DemoRun]:
+    """On one pair of servers (slow publishing KV events): cooldown-only warm-ahead, event-aware warm-ahead
+    (a :class:`~agentkv.ledger.CacheLedger` following slow), and cold; each run another tenant's salt."""
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.server import LocalServer
+
+    say = console.print if console else (lambda *_: None)
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    fast, slow = _servers(config, LocalServer, kv_events_config=events)
+    with fast, slow:
+        _warm_up_kernels(fast, slow)
+        followed = replace(_backends(fast, slow)[1], kv_events=slow.kv_events.endpoint,
+                           kv_events_replay=slow.kv_events.replay_endpoint)
+        say("run 1: cooldown-only warm-ahead")
+        plain = _run(config, fast, slow, "cooldown", tenant="bench-cooldown", warm=True)
+        with CacheLedger([followed]) as ledger:
+            say("run 2: event-aware warm-ahead")
+            aware = _run(config, fast, slow, "event-aware", tenant="bench-aware", warm=True, ledger=ledger,
+                         slow_backend=followed)
+        say("run 3: cold")
+        cold = _run(config, fast, slow, "cold", tenant="bench-cold", warm=False)
+    return plain, aware, cold
+
+
+def _servers(config: DemoConfig, server: Any, kv_events_config: Any = None) -> tuple[Any, Any]:
     """The two servers: random-weight models of the configured sizes, or the trained family's small and large."""
     if config.trained is None:
         return (server.from_size(config.fast_size, window=config.fast_window, model_id=f"agentkv-{config.fast_size}-fast"),
                 server.from_size(config.slow_size, window=config.slow_window, model_id=f"agentkv-{config.slow_size}-slow",
-                                 seed=1))
+                                 seed=1, kv_events_config=kv_events_config))
     from agentkv.local.family import FAMILY, ensure_family
 
     paths = ensure_family(config.trained, progress=True, only=FAMILY)  # trains small and large unless cached
     return (server.from_pretrained(paths.small, window=config.fast_window, model_id="agentkv-trained-small"),
-            server.from_pretrained(paths.large, window=config.slow_window, model_id="agentkv-trained-large"))
+            server.from_pretrained(paths.large, window=config.slow_window, model_id="agentkv-trained-large",
+                                   kv_events_config=kv_events_config))
 
 
 def _backends(fast: Any, slow: Any) -> tuple[Any, Any]:
@@ -118,7 +156,8 @@ def _warm_up_kernels(fast: Any, slow: Any) -> None:
                            extra_body={"cache_salt": "warm-up"})
 
 
-def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool) -> DemoRun:
+def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool, ledger: Any = None,
+         slow_backend: Any = None) -> DemoRun:
     from agentkv import Session, WarmAheadPolicy
     from agentkv.demo.script import TOOLS, ScriptedAgent
     from agentkv.testing import FakeClock
@@ -127,12 +166,19 @@ def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, w
     agent, tools, result = ScriptedAgent(result_rows=config.result_rows), TOOLS[: config.tools], DemoRun(label)
     messages = agent.opening()
     clock = FakeClock()
-    policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm)
-    with Session(*_backends(fast, slow), tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
-                 cooldowns=CooldownMap(timer=clock), warm_ahead=policy) as session:
+    policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm, top_up_tokens=config.top_up_tokens)
+    fast_backend, plain_slow = _backends(fast, slow)
+    with Session(fast_backend, slow_backend or plain_slow, tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
+                 cooldowns=CooldownMap(timer=clock), warm_ahead=policy, ledger=ledger) as session:
         after = 0
+        start = slow.engine.stats()
         for _ in range(config.max_turns):
+            before = slow.engine.stats()
             result.rows.append(_turn(session, messages, tools, config))
+            if session.last_route.role == "slow" and not after:
+                result.slow_requests_before_escalation = before.requests_started - start.requests_started
+                result.slow_prefill_before_escalation = (before.prompt_tokens - before.prefix_cache_hits) - (
+                    start.prompt_tokens - start.prefix_cache_hits)
             after += session.last_route.role == "slow"
             if after > config.turns_after_escalation:
                 break
