@@ -34,7 +34,6 @@ __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_p
 _COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable")
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
-EVENT_SPACING_S = 1.0  # a session's re-warms and top-ups are claimed at most this often, fleet-wide
 _Job = Callable[[], Any]
 
 
@@ -129,6 +128,7 @@ class WarmAhead:
         self.warmed: Payload | None = None
         self.residency: SlowResidency | None = None
         self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
+        self._events_claimed = 0
 
     def attach(self, residency: SlowResidency) -> None:
         """Make this session's warms event-aware: each is decided in its job from what the slow server holds."""
@@ -320,10 +320,13 @@ class WarmAhead:
         return outcome
 
     def _event_claim(self) -> WarmClaim:
-        """A re-warm's or top-up's claim: an in-flight slot under its own short per-session spacing."""
+        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own ``#event`` namespace (so its short
+        marker never shortens, crowds or expires the tenant's cooldowns) and a key of its own (the session's one
+        check at a time, :attr:`SlowResidency.busy`, is what spaces them)."""
         p = self.policy
-        return WarmClaim(self._tenant or "", f"{self._session_id}#event", EVENT_SPACING_S, p.max_sessions,
-                         p.max_in_flight, lease_s=p.timeout_s + 1.0)
+        self._events_claimed += 1
+        return WarmClaim(f"{self._tenant or ''}#event", f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
+                         p.max_sessions, p.max_in_flight, lease_s=p.timeout_s + 1.0)
 
     def _try_claim(self, claim: Callable[[WarmClaim], tuple[str, Lease | None]]) -> tuple[str, Lease | None]:
         try:
