@@ -189,3 +189,16 @@ def test_the_ledger_predicts_the_cached_tokens_each_slow_request_reports(rig):
     # read now instead of as of the send, the ledger also sees the blocks the last request stored itself
     ids = slow_ids(rig, history[-1])
     assert ledger.resident_tokens(rig["backends"][1], ids, s.cache_salt) > s.ledger[-1].cached_tokens
+
+
+def test_a_streamed_slow_request_is_predicted_when_its_usage_arrives(rig):
+    """With a stream, the reported cached tokens come with the last chunk; the prediction still meets them."""
+    messages = [{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Stream it."}]
+    s = session(rig, "predict-stream")
+    for _ in range(2):
+        for _chunk in s.completion(messages=messages, max_tokens=2, stream=True, stream_options={"include_usage": True}):
+            pass
+        assert s.drain_warms(60) and s.last_route.role == "slow"
+    stats = s.stats()
+    assert stats["ledger_predictions"] == 2 == stats["ledger_predictions_exact"]
+    assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] == s.ledger[-1].cached_tokens > 0
