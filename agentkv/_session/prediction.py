@@ -16,12 +16,16 @@ a synchronised clock; a prompt whose exact ids cannot be had (no ``/tokenize``, 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload, TokenCounter
 from agentkv.warm.sender import BackgroundJobs
+
+if TYPE_CHECKING:
+    from agentkv.ledger import CacheLedger
 
 __all__ = ["Prediction", "schedule_prediction"]
 
@@ -31,7 +35,7 @@ _UNSET = object()
 class Prediction:
     """One request's predicted and reported cached tokens; recorded once both are known (any order, any thread)."""
 
-    def __init__(self, ledger: Any, backend: Any, stats: SessionStats) -> None:
+    def __init__(self, ledger: CacheLedger, backend: Backend, stats: SessionStats) -> None:
         self.ledger, self.backend, self.stats = ledger, backend, stats
         self._lock = threading.Lock()
         self._predicted: Any = _UNSET

@@ -15,12 +15,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.tokens import TokenCounter
 from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
 from agentkv.warm.policy import WarmAheadPolicy
+
+if TYPE_CHECKING:
+    from agentkv.ledger import CacheLedger
 
 __all__ = ["SlowResidency"]
 
@@ -35,7 +39,7 @@ class SlowResidency:
     (the events trail the response by milliseconds; the wait happens in the warm's job).
     """
 
-    def __init__(self, ledger: Any, backend: Any, cache_salt: str | None, counter: TokenCounter, *,
+    def __init__(self, ledger: CacheLedger, backend: Backend, cache_salt: str | None, counter: TokenCounter, *,
                  settle_s: float = 2.0) -> None:
         self.ledger, self.backend, self.cache_salt, self.counter = ledger, backend, cache_salt, counter
         self.settle_s = settle_s
@@ -45,7 +49,7 @@ class SlowResidency:
 
     def held(self, ids: Sequence[int]) -> int:
         """Leading tokens of ``ids`` the slow server holds for this salt (full blocks), right now."""
-        return int(self.ledger.held_tokens(self.backend, ids, self.cache_salt))
+        return self.ledger.held_tokens(self.backend, ids, self.cache_salt)
 
     def residency(self, ids: Sequence[int]) -> Residency:
         """The ledger's numbers for a prompt of ``ids`` and for the prefix this session last warmed."""
