@@ -30,6 +30,7 @@ def test_a_claimed_warm_is_skipped_only_when_the_server_holds_all_but_a_short_ta
     (Residency(1000, 992), "cooldown"),                      # nothing warmed by this session
     (Residency(1000, 512, 512, 512), "top_up"),             # resident, tail 488 >= 256
     (Residency(1000, 800, 512, 512), "cooldown"),           # resident, tail 200 < 256
+    (Residency(1000, 0, 0, 0), "cooldown"),                 # its warm never showed in the ledger: no baseline
     (Residency(1000, 0, 512, 0), "rewarm_evicted"),         # the warmed prefix is gone
     (Residency(1000, 256, 512, 256), "rewarm_evicted"),     # part of it is gone
 ])
@@ -202,3 +203,30 @@ def test_a_streamed_slow_request_is_predicted_when_its_usage_arrives(rig):
     stats = s.stats()
     assert stats["ledger_predictions"] == 2 == stats["ledger_predictions_exact"]
     assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] == s.ledger[-1].cached_tokens > 0
+
+
+async def test_the_async_event_aware_path_makes_no_sync_http_call():
+    """acompletion with a ledger: the warm's /tokenize to slow and its send are async; a silent ledger leaves the
+    decision to the cooldown (one warm, no top-ups)."""
+    from test_http_seam import SLOW, Answers, make_session, turns as seam_turns, vllm_like
+
+    from agentkv.ledger import CacheLedger
+    from agentkv.testing import FakeHttp
+
+    http = FakeHttp(vllm_like)
+    plain = make_session(http, True)
+    silent = Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", window=16384, kv_events="tcp://127.0.0.1:9")
+    with CacheLedger([silent]) as ledger:  # nothing publishes there: the ledger never sees a block
+        s = Session(plain.fast, silent, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
+                    cooldowns=CooldownMap(), in_flight=InFlightLimit(4), tenant="t", cache_salt_secret="k",
+                    warm_ahead=WarmAheadPolicy(top_up_tokens=64), ledger=ledger)
+        for messages in seam_turns(30):
+            await s.acompletion(messages=messages, max_tokens=8)
+            await s.adrain_warms(10)
+            if s.last_route.role == "slow":
+                break
+    stats = s.stats()
+    assert s.last_route.role == "slow" and stats["warm_fired"] == 1 and stats["warm_top_up"] == 0
+    assert stats["warm_skipped_cooldown"] >= 1 and stats["ledger_predictions"] == 1
+    assert any(c.url == f"{SLOW.removesuffix('/v1')}/tokenize" for c in http.calls)
+    assert http.blocking_calls == [] and all(c.asynchronous for c in http.calls)

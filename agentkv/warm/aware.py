@@ -60,8 +60,9 @@ class SlowResidency:
         return Residency(len(ids), self.held(ids), warmed[1], self.held(warmed[0]))
 
     def outcome(self, ids: Sequence[int], exact: bool, *, claimed: bool, policy: WarmAheadPolicy) -> EventOutcome:
-        """The event-aware outcome; without the server's exact ids the plain guards decide (fire if claimed)."""
-        if not exact:
+        """The event-aware outcome; without the server's exact ids, or before the ledger has seen any block from
+        the server (no events arriving), the plain guards decide (fire if claimed)."""
+        if not exact or self.ledger.block_size(self.backend) is None:
             emit("warm_residency_unknown", level="debug", backend=self.backend.label, tokens=len(ids))
             return "fire" if claimed else "cooldown"
         return decide_event_warm(self.residency(ids), claimed=claimed, policy=policy)

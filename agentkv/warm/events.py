@@ -61,8 +61,10 @@ def decide_event_warm(residency: Residency, *, claimed: bool, policy: WarmAheadP
     if claimed:
         resident = residency.held_tokens > 0 and residency.tail < policy.top_up_tokens
         return "skip_resident" if resident else "fire"
-    if residency.warmed_tokens is None:
-        return "cooldown"  # this session warmed nothing it can check (another replica may have)
+    if not residency.warmed_tokens:
+        # nothing this session warmed to check (another replica may have), or its warm never showed in the
+        # ledger (events not arriving): without a baseline, the cooldown decides
+        return "cooldown"
     if residency.evicted:
         return "rewarm_evicted"
     return "top_up" if residency.tail >= policy.top_up_tokens else "cooldown"
