@@ -100,27 +100,73 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
 
 
 def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun, DemoRun]:
-    """On one pair of servers (slow publishing KV events): cooldown-only warm-ahead, event-aware warm-ahead
-    (a :class:`~agentkv.ledger.CacheLedger` following slow), and cold; each run another tenant's salt."""
+    """Cooldown-only warm-ahead, event-aware warm-ahead (a :class:`~agentkv.ledger.CacheLedger` following slow)
+    and cold, in lockstep on one pair of servers (slow publishing KV events): every turn is sent by each mode's
+    Session in turn (another tenant's salt each), so the escalated turns are measured within seconds of each other.
+    Each run stops at its escalation (``turns_after_escalation`` is not used)."""
+    from agentkv import Session, WarmAheadPolicy
     from agentkv.ledger import CacheLedger
     from agentkv.local.server import LocalServer
+    from agentkv.testing import FakeClock
+    from agentkv.warm import CooldownMap
 
-    say = console.print if console else (lambda *_: None)
     events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
     fast, slow = _servers(config, LocalServer, kv_events_config=events)
     with fast, slow:
         _warm_up_kernels(fast, slow)
-        followed = replace(_backends(fast, slow)[1], kv_events=slow.kv_events.endpoint,
-                           kv_events_replay=slow.kv_events.replay_endpoint)
-        say("run 1: cooldown-only warm-ahead")
-        plain = _run(config, fast, slow, "cooldown", tenant="bench-cooldown", warm=True)
+        fast_backend, plain = _backends(fast, slow)
+        followed = replace(plain, kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint)
         with CacheLedger([followed]) as ledger:
-            say("run 2: event-aware warm-ahead")
-            aware = _run(config, fast, slow, "event-aware", tenant="bench-aware", warm=True, ledger=ledger,
-                         slow_backend=followed)
-        say("run 3: cold")
-        cold = _run(config, fast, slow, "cold", tenant="bench-cold", warm=False)
-    return plain, aware, cold
+            lanes = []
+            for label, slow_backend, warm, cache_ledger in (("cooldown", plain, True, None),
+                                                            ("event-aware", followed, True, ledger),
+                                                            ("cold", plain, False, None)):
+                clock = FakeClock()
+                policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm,
+                                         top_up_tokens=config.top_up_tokens)
+                session = Session(fast_backend, slow_backend, tenant=f"bench-{label}", warm_ahead=policy,
+                                  cache_salt_secret=f"demo-{time.time_ns()}", cooldowns=CooldownMap(timer=clock),
+                                  ledger=cache_ledger)
+                lanes.append(_Lane(DemoRun(label), session, clock))
+            _run_lanes(config, slow, lanes, console)
+    plain_run, aware_run, cold_run = (lane.run for lane in lanes)
+    return plain_run, aware_run, cold_run
+
+
+@dataclass
+class _Lane:
+    """One mode's run in :func:`run_modes`: its rows, its Session, its cooldown clock."""
+
+    run: DemoRun
+    session: Any
+    clock: Any
+    done: bool = False
+
+
+def _run_lanes(config: DemoConfig, slow: Any, lanes: list[_Lane], console: Any) -> None:
+    from agentkv.demo.script import TOOLS, ScriptedAgent
+
+    agent, tools = ScriptedAgent(result_rows=config.result_rows), TOOLS[: config.tools]
+    messages = agent.opening()
+    for _ in range(config.max_turns):
+        for lane in (lane for lane in lanes if not lane.done):
+            before = slow.engine.stats()
+            lane.run.rows.append(_turn(lane.session, messages, tools, config))
+            lane.done = lane.session.last_route.role == "slow"
+            if not lane.done:  # the turn went to fast: what slow did meanwhile was this lane's warms
+                lane.session.drain_warms(120)
+                after = slow.engine.stats()
+                lane.run.slow_requests_before_escalation += after.requests_started - before.requests_started
+                lane.run.slow_prefill_before_escalation += (after.prompt_tokens - after.prefix_cache_hits) - (
+                    before.prompt_tokens - before.prefix_cache_hits)
+            lane.clock.advance(config.think_time_s)
+            lane.run.stats = lane.session.stats()
+        if all(lane.done for lane in lanes):
+            return
+        if console:
+            console.print(f"turn {len(lanes[0].run.rows)} done")
+        time.sleep(config.tool_latency_s)
+        messages = messages + agent.next_turn()
 
 
 def _servers(config: DemoConfig, server: Any, kv_events_config: Any = None) -> tuple[Any, Any]:
@@ -156,8 +202,7 @@ def _warm_up_kernels(fast: Any, slow: Any) -> None:
                            extra_body={"cache_salt": "warm-up"})
 
 
-def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool, ledger: Any = None,
-         slow_backend: Any = None) -> DemoRun:
+def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool) -> DemoRun:
     from agentkv import Session, WarmAheadPolicy
     from agentkv.demo.script import TOOLS, ScriptedAgent
     from agentkv.testing import FakeClock
@@ -166,19 +211,12 @@ def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, w
     agent, tools, result = ScriptedAgent(result_rows=config.result_rows), TOOLS[: config.tools], DemoRun(label)
     messages = agent.opening()
     clock = FakeClock()
-    policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm, top_up_tokens=config.top_up_tokens)
-    fast_backend, plain_slow = _backends(fast, slow)
-    with Session(fast_backend, slow_backend or plain_slow, tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
-                 cooldowns=CooldownMap(timer=clock), warm_ahead=policy, ledger=ledger) as session:
+    policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm)
+    with Session(*_backends(fast, slow), tenant=tenant, cache_salt_secret=f"demo-{time.time_ns()}",
+                 cooldowns=CooldownMap(timer=clock), warm_ahead=policy) as session:
         after = 0
-        start = slow.engine.stats()
         for _ in range(config.max_turns):
-            before = slow.engine.stats()
             result.rows.append(_turn(session, messages, tools, config))
-            if session.last_route.role == "slow" and not after:
-                result.slow_requests_before_escalation = before.requests_started - start.requests_started
-                result.slow_prefill_before_escalation = (before.prompt_tokens - before.prefix_cache_hits) - (
-                    start.prompt_tokens - start.prefix_cache_hits)
             after += session.last_route.role == "slow"
             if after > config.turns_after_escalation:
                 break
