@@ -42,6 +42,7 @@ class Recorder:
             self.stats.add("escalations_after_warm", int(after_warm))
         entry = self._append(attempt.count, decision.backend, decision.reason, attempt.warm)
         self.previous_role = decision.role
+
         def cached(tokens: int | None) -> None:
             self._cached(entry, tokens, escalation)
             if on_cached is not None:
