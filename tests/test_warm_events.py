@@ -70,8 +70,11 @@ def rig():
             yield {"fast": fast, "slow": slow, "backends": backends, "ledger": ledger}
 
 
-def session(rig, tenant, *, policy=POLICY, session_id=None):
-    return Session(*rig["backends"], tenant=tenant, session_id=session_id or str(uuid.uuid4()), warm_ahead=policy,
+def session(rig, tenant, *, policy=POLICY, session_id=None, template=False):
+    fast, slow = rig["backends"]
+    if template:  # the slow server's tokenizer and chat template declared: ids without /tokenize
+        slow = rig["slow"].backend(name="slow", kv_events=slow.kv_events, kv_events_replay=slow.kv_events_replay)
+    return Session(fast, slow, tenant=tenant, session_id=session_id or str(uuid.uuid4()), warm_ahead=policy,
                    cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
                    in_flight=InFlightLimit(4), ledger=rig["ledger"])
 
@@ -101,10 +104,12 @@ def turn(s, messages):
     assert s.drain_warms(60)
 
 
-def test_a_warm_is_skipped_when_the_slow_server_already_holds_the_prefix(rig):
+@pytest.mark.parametrize("template", [False, True], ids=["tokenize", "template"])
+def test_a_warm_is_skipped_when_the_slow_server_already_holds_the_prefix(rig, template):
     """A second session of the same tenant on a prompt the first one warmed skips its warm; another tenant fires."""
-    history = turns(1)
-    first, second, other = session(rig, "skip-a"), session(rig, "skip-a"), session(rig, "skip-b")
+    history, a, b = turns(1), f"skip-a-{template}", f"skip-b-{template}"
+    first, second, other = (session(rig, tenant, template=template) for tenant in (a, a, b))
+    tokenized = sum(r.path == "/tokenize" for r in rig["slow"].requests)
     turn(first, history[1])
     assert first.ledger[-1].warm == "fire"
     assert (first.stats()["warm_fired"], first.stats()["warm_skipped_resident"]) == (1, 0)
@@ -115,6 +120,8 @@ def test_a_warm_is_skipped_when_the_slow_server_already_holds_the_prefix(rig):
     turn(other, history[1])  # another salt: nothing resident for it
     assert (other.stats()["warm_fired"], other.stats()["warm_skipped_resident"]) == (1, 0)
     assert len(warm_bodies(rig)) == before + 1
+    asked = sum(r.path == "/tokenize" for r in rig["slow"].requests) - tokenized
+    assert (asked == 0) if template else (asked >= 3)  # each session's check asked slow once, unless declared
 
 
 def test_an_evicted_warm_is_rewarmed_inside_the_cooldown_and_a_resident_one_is_not(rig):
