@@ -40,6 +40,7 @@ class Attempt:
     failed_over: bool = False
     timeout_s: float | None = None
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
+    sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
 
     @property
     def call_kwargs(self) -> dict[str, Any]:

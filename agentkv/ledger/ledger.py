@@ -137,11 +137,17 @@ class CacheLedger:
 
     # --- what is resident -------------------------------------------------------------------------
 
-    def resident_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
-        """How many leading tokens of this prompt a request with ``cache_salt`` would find cached, right now."""
+    def resident_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None, *,
+                        as_of: float | None = None) -> int:
+        """How many leading tokens of this prompt a request with ``cache_salt`` would find cached, right now.
+
+        ``as_of`` (a :attr:`clock` reading, e.g. when a request was sent): blocks stored after it are ignored, so a
+        prediction made after the send is not inflated by the blocks the request itself stored. Blocks evicted
+        since are gone from the tree either way (the answer can then fall short), and the comparison assumes the
+        publisher's clock agrees with :attr:`clock` (same host, or NTP-synchronised)."""
         name = self._name(backend)
         with self._locks[name]:
-            return self._trees[name].resident_tokens(token_ids, cache_salt)
+            return self._trees[name].resident_tokens(token_ids, cache_salt, as_of)
 
     def held_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
         """How many leading tokens of ``token_ids`` the server holds in full blocks (for a warmed prefix)."""
@@ -265,6 +271,16 @@ class CacheLedger:
             out.append(LedgerStats(name, blocks, tokens, sub.batches, sub.events, sub.gaps, sub.replayed,
                                    sub.unrepaired, tree.resets, tree.forgotten, sub.errors, *accuracy))
         return out
+
+    def block_size(self, backend: Any) -> int | None:
+        """``backend``'s block size as its events declare it (None before the first ``BlockStored``)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return self._trees[name].block_size
+
+    def follows(self, backend: Any) -> bool:
+        """True when this ledger follows ``backend`` (it declares a ``kv_events`` endpoint the ledger subscribed to)."""
+        return (backend if isinstance(backend, str) else backend.label) in self._trees
 
     def last_seq(self, backend: Any) -> int:
         """The last sequence number applied for ``backend`` (-1 before the first)."""

@@ -6,19 +6,26 @@ server's prefix cache then holds the conversation when escalation comes.
 
 - :mod:`agentkv.warm.policy`: :class:`WarmAheadPolicy` and the pure :func:`decide_warm`;
 - :mod:`agentkv.warm.guards`: the tenant-scoped :class:`CooldownMap` and the :class:`InFlightLimit`;
-- :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send.
+- :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send;
+- :mod:`agentkv.warm.events`: event-aware mode's pure :func:`decide_event_warm` over a :class:`Residency`
+  (skip a resident prefix, re-warm an evicted one, top up a growing tail), read by
+  :mod:`agentkv.warm.aware` from a :class:`~agentkv.ledger.CacheLedger`.
 """
 
 from agentkv.warm.guards import CooldownMap, InFlightLimit, TenantCooldowns, shared_cooldowns, shared_in_flight
+from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, WarmOutcome, decide_warm
 
 __all__ = [
     "CooldownMap",
+    "EventOutcome",
     "InFlightLimit",
+    "Residency",
     "TenantCooldowns",
     "WarmAheadPolicy",
     "WarmDecision",
     "WarmOutcome",
+    "decide_event_warm",
     "decide_warm",
     "shared_cooldowns",
     "shared_in_flight",

@@ -25,6 +25,9 @@ class WarmAheadPolicy:
     ``threshold`` is a fraction of the fast window (0.6: at 0.9 the warm arrives too late);
     ``cooldown_s`` bounds warms to one per (tenant, session) per period; ``max_sessions`` bounds the
     cooldown map; ``max_in_flight`` bounds concurrent warms per process; ``timeout_s`` bounds each warm.
+    ``top_up_tokens`` (event-aware mode only, a Session with a ``ledger``): once the slow server's cached
+    prefix of the conversation trails the prompt by this many tokens, a top-up warm is sent inside the
+    cooldown (it prefills only that tail); a resident prefix trailing by less is not warmed again.
     """
 
     threshold: float = 0.6
@@ -33,6 +36,7 @@ class WarmAheadPolicy:
     max_in_flight: int = 4
     timeout_s: float = 30.0
     enabled: bool = True
+    top_up_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -40,7 +44,7 @@ class WarmAheadPolicy:
         for name in ("cooldown_s", "timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"WarmAheadPolicy.{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("max_sessions", "max_in_flight"):
+        for name in ("max_sessions", "max_in_flight", "top_up_tokens"):
             check_positive_int("WarmAheadPolicy", name, getattr(self, name))
 
 
