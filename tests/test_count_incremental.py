@@ -121,7 +121,7 @@ def test_split_lines_cuts_exactly_where_the_chunk_boundary_regex_cuts():
     from agentkv.tokens.sources import _CHUNK_BOUNDARY, split_lines
 
     rng = random.Random(14)
-    alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t "]
+    alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t ", "/", "\n/"]
     for _ in range(20_000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
         lines, rest = split_lines(text)
@@ -173,7 +173,7 @@ def test_a_tokenizer_whose_words_do_not_add_up_is_counted_without_word_cuts():
     def runs(text):
         return re.findall(r"[^\n]+|\n", text)
 
-    encoder = ChunkedEncoder(runs)
+    encoder = ChunkedEncoder(runs, cuts="words")  # declared wrongly: the first text shows it
     texts = ['{\n  "id": "inc-1",\n  "host": "node-4"\n}\n', '  "id": "inc-2",\n  "host": "node-9"\n', "a b\n\nc d e\n"]
     assert [encoder.count(t) for t in texts] == [len(runs(t)) for t in texts]
     assert encoder.splits_exactly and not encoder._word_cuts

@@ -230,5 +230,6 @@ def _last_known(figures: Sequence[Any]) -> int:
 
 def _joins(left: str, right: str) -> bool:
     """True when tokenizing ``left + right`` counts as tokenizing each: a cut after a newline, before a
-    non-space character (a pre-token boundary of GPT-style splitters), or an empty side."""
-    return not left or not right or (left.endswith("\n") and not right[0].isspace())
+    non-space character other than "/" (a pre-token boundary of the cl100k-style splitters,
+    :mod:`agentkv.tokens.cuts`), or an empty side."""
+    return not left or not right or (left.endswith("\n") and not right[0].isspace() and right[0] != "/")
