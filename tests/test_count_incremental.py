@@ -177,3 +177,64 @@ def test_a_tokenizer_whose_words_do_not_add_up_is_counted_without_word_cuts():
     texts = ['{\n  "id": "inc-1",\n  "host": "node-4"\n}\n', '  "id": "inc-2",\n  "host": "node-9"\n', "a b\n\nc d e\n"]
     assert [encoder.count(t) for t in texts] == [len(runs(t)) for t in texts]
     assert encoder.splits_exactly and not encoder._word_cuts
+
+
+def test_prefix_memo_tells_numbers_of_another_kind_apart():
+    """1, 1.0 and True are == in Python but render differently: the memo treats a message or a context whose
+    number changed kind (in place) as changed."""
+    memo: PrefixMemo[int] = PrefixMemo()
+    msgs = [{"role": "user", "content": "a"}, {"role": "tool", "content": "r", "n": 1}, {"role": "user", "content": "b"}]
+    ctx = {"default": 1, "flag": True}
+    memo.store(ctx, msgs, 0, [1, 2, 3])
+    assert memo.common(ctx, msgs) == (3, [1, 2, 3])
+    msgs[1]["n"] = 1.0
+    assert memo.common(ctx, msgs) == (1, [1])
+    msgs[1]["n"] = 1
+    ctx["flag"] = 1
+    assert memo.common(ctx, msgs) == (0, [])
+
+
+def test_an_agent_loop_mutating_its_own_lists_in_place_is_counted_and_sent_exactly():
+    """An agent that appends to one messages list, edits messages and tool schemas in place (numbers changing
+    kind included) and reuses its tools list gets, on every turn, the count a fresh source gives and the tools
+    litellm would send, with a declared template and with the estimate."""
+    from agentkv import Backend, Session
+    from agentkv._session.attempts import as_litellm_sends
+
+    class Recording:
+        def __init__(self):
+            self.sent = []
+
+        def completion(self, **kwargs):
+            self.sent.append(copy.deepcopy(kwargs))
+            return {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+    def tool(i):
+        return {"type": "function", "function": {"name": f"t{i}", "description": "Look up.", "strict": True, "parameters": {
+            "type": "object", "properties": {"q": {"type": "number", "default": 1}}, "additionalProperties": False}}}
+
+    def default(value):
+        tools[1]["function"]["parameters"]["properties"]["q"]["default"] = value
+
+    def edit(index, text):
+        messages[index]["content"] += text
+
+    steps = [lambda: None, lambda: edit(-1, " more"), lambda: tools[0]["function"].update(description="Edited."),
+             lambda: tools.append(tool(len(tools))), lambda: edit(1, "!"), lambda: default(1.0), lambda: default(True),
+             lambda: tools.pop(), lambda: messages.append({"role": "tool", "tool_call_id": "c", "content": "{\n  \"n\": 2\n}"}),
+             lambda: messages[-1].update(n=1), lambda: messages[-1].update(n=1.0), lambda: default(-0.0), lambda: default(0.0)]
+    for declared in ("cl100k_base", None):
+        tools, messages = [tool(i) for i in range(3)], [{"role": "system", "content": "Agent."}, {"role": "user", "content": "go"}]
+        client = Recording()
+        truth = TemplateSource("cl100k_base", incremental=False) if declared else None
+        with Session(Backend("hosted_vllm/m", window=32768, tokenizer=declared), client=client) as session:
+            for step in steps:
+                step()
+                messages.append({"role": "user", "content": "next"})
+                session.completion(messages=messages, tools=tools, max_tokens=16)
+                sent = as_litellm_sends("hosted_vllm/m", {"tools": copy.deepcopy(tools)})["tools"]
+                assert json.dumps(client.sent[-1]["tools"]) == json.dumps(sent)
+                payload = Payload(tuple(copy.deepcopy(messages)), tuple(sent))
+                fresh = truth.count(payload) if truth else TiktokenSource().count(payload)
+                row = session.ledger[-1]
+                assert (row.input_tokens, row.tool_tokens) == (fresh.total, fresh.tools), step

@@ -20,7 +20,7 @@ from agentkv.events import canonical_json, digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
 from agentkv.tokens.cuts import Cuts, tokenizer_cuts
 from agentkv.tokens.encodings import DEFAULT_ENCODING, get_encoding
-from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly
+from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly, numbers, same_json
 from agentkv.tokens.incremental import snapshot as copy_snapshot
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
@@ -198,6 +198,7 @@ class TemplateSource:
         self._template = chat_template
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
         self._last_context: tuple[tuple[Any, Any, Any], int] | None = None  # see _context
+        self._last_numbers: list[Any] = []
         self._appended = AppendCounter(self._render_parts, self._encoder.count,
                                        f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
                                        lean=_without_tools) if incremental else None
@@ -246,9 +247,10 @@ class TemplateSource:
         :meth:`count` then compares it by identity), else a new deep copy, safe from later in-place edits."""
         context = (payload.tools, payload.tool_choice, payload.template_kwargs)
         last = self._last_context
-        if last is not None and last[0] == context:
+        if last is not None and same_json(last[0], self._last_numbers, context):
             return last
         tools, tool_choice, template_kwargs = snapshot = copy_snapshot(context)
+        self._last_numbers = numbers(snapshot)
         self._last_context = (snapshot, self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs)))
         return self._last_context
 
@@ -450,6 +452,7 @@ class TiktokenSource:
         # the last request's per-message counts, and its context (a snapshot: see TemplateSource._context)
         self._previous: PrefixMemo[int] = PrefixMemo(copy_context=False)
         self._last_context: tuple[Any, Any] | None = None
+        self._last_numbers: list[Any] = []
         self._last_tools: int | None = None
         self._priming: int | None = None
 
@@ -470,9 +473,10 @@ class TiktokenSource:
     def _snapshot(self, context: tuple[Any, Any]) -> tuple[Any, Any]:
         """The previous request's own copy of ``context`` when equal (one comparison), else a new copy."""
         last = self._last_context
-        if last is not None and last == context:
+        if last is not None and same_json(last, self._last_numbers, context):
             return last
         self._last_context = copy_snapshot(context)
+        self._last_numbers = numbers(self._last_context)
         return self._last_context
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
