@@ -38,13 +38,13 @@ def pieces(text):
     return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-@pytest.mark.parametrize("pattern", sorted(KNOWN_SPLIT_PATTERNS))
+@pytest.mark.parametrize("name", sorted(KNOWN_SPLIT_PATTERNS))
 @settings(max_examples=250, deadline=None)
 @given(text=TEXTS)
 @example(text='"inc-7",\n//x\n/y')
-def test_known_split_patterns_never_cross_a_cut(pattern, text):
+def test_known_split_patterns_never_cross_a_cut(name, text):
     """For each accepted tokenizers Split regex, the pre-tokens of a text are those of its pieces, in order."""
-    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(pattern), "isolated")
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(KNOWN_SPLIT_PATTERNS[name]), "isolated")
     whole = [p for p, _ in split.pre_tokenize_str(text)]
     assert [p for piece in pieces(text) for p, _ in split.pre_tokenize_str(piece)] == whole
 
@@ -82,7 +82,7 @@ def _byte_level(split):
 
 
 def _llama3_like():
-    pattern = tokenizers.Regex(sorted(KNOWN_SPLIT_PATTERNS)[0])
+    pattern = tokenizers.Regex(KNOWN_SPLIT_PATTERNS["llama3"])
     merges = [("Ġ", "b"), ("Ġb", "a"), ("Ġba", "r"), ("f", "o"), ("fo", "o"), ("Ċ", "Ċ"), ("Ġ", "Ġ"), ("1", "2")]
     return _bpe(_byte_level(tokenizers.pre_tokenizers.Split(pattern, "isolated")), tokenizers.normalizers.NFC(),
                 merges, ["<|im_start|>", "<|im_end|>"])
@@ -154,7 +154,7 @@ def test_sentencepiece_gpt2_and_stripping_pipelines_are_never_cut():
     an unknown Split regex, NFKC, and added tokens that strip or hold whitespace all count whole texts;
     WordPiece/BERT's whitespace splitting and the cl100k family count at word cuts."""
     pre, norm = tokenizers.pre_tokenizers, tokenizers.normalizers
-    known = pre.Split(tokenizers.Regex(sorted(KNOWN_SPLIT_PATTERNS)[1]), "isolated")
+    known = pre.Split(tokenizers.Regex(KNOWN_SPLIT_PATTERNS["qwen2"]), "isolated")
 
     def cuts(pre_tokenizer, normalizer=None, added=()):
         tok = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -189,3 +189,17 @@ def test_a_bert_wordpiece_tokenizer_counts_exactly_at_word_cuts():
     texts = ['{\n  "ab": foo\n}\n', "abc cb\n\tfoo  a\r\nb c", "数据 a\n  b   cc\n\n  foo"]
     encoder = ChunkedEncoder(lambda t: tok.encode(t, add_special_tokens=False).ids, cuts="words")
     assert [encoder.count(t) for t in texts] == [len(tok.encode(t, add_special_tokens=False).ids) for t in texts]
+
+
+def test_a_declared_llama3_shaped_tokenizer_counts_each_turn_incrementally_and_exactly():
+    """Turn by turn, a Llama-3-shaped HF tokenizer with a ChatML template is counted incrementally (its cuts are
+    known) and every count equals an encode of the full rendering."""
+    tok = _llama3_like()
+    source = TemplateSource(tok, CHATML_TOOLS_TEMPLATE)
+    msgs = [{"role": "system", "content": "You are an SRE agent."}, {"role": "user", "content": "Why is node-7 slow?"}]
+    for i in range(8):
+        msgs.append({"role": "assistant", "content": f"Step {i}: foo bar."})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": '{\n  "id": "inc-%d",\n  "p99": 12%d\n}' % (i, i)})
+        payload = Payload(tuple(msgs))
+        assert source.count(payload).total == _truth(tok, source, payload)
+    assert source._appended.incremental_turns >= 5

@@ -224,7 +224,8 @@ def test_an_agent_loop_mutating_its_own_lists_in_place_is_counted_and_sent_exact
              lambda: tools.pop(), lambda: messages.append({"role": "tool", "tool_call_id": "c", "content": "{\n  \"n\": 2\n}"}),
              lambda: messages[-1].update(n=1), lambda: messages[-1].update(n=1.0), lambda: default(-0.0), lambda: default(0.0)]
     for declared in ("cl100k_base", None):
-        tools, messages = [tool(i) for i in range(3)], [{"role": "system", "content": "Agent."}, {"role": "user", "content": "go"}]
+        tools = [tool(i) for i in range(3)]
+        messages = [{"role": "system", "content": "Agent."}, {"role": "user", "content": "go"}]
         client = Recording()
         truth = TemplateSource("cl100k_base", incremental=False) if declared else None
         with Session(Backend("hosted_vllm/m", window=32768, tokenizer=declared), client=client) as session:
