@@ -197,8 +197,8 @@ class TemplateSource:
         self._encoder = ChunkedEncoder(self._encode, cuts=tokenizer_cuts(tokenizer if self._hf is None else self._hf))
         self._template = chat_template
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
-        self._last_context: tuple[tuple[Any, Any, Any], int] | None = None  # see _context
-        self._last_numbers: list[Any] = []
+        # see _context: the last snapshot, its tool tokens and its numbers, replaced together (one assignment)
+        self._last_context: tuple[tuple[Any, Any, Any], int, list[Any]] | None = None
         self._appended = AppendCounter(self._render_parts, self._encoder.count,
                                        f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
                                        lean=_without_tools) if incremental else None
@@ -247,12 +247,12 @@ class TemplateSource:
         :meth:`count` then compares it by identity), else a new deep copy, safe from later in-place edits."""
         context = (payload.tools, payload.tool_choice, payload.template_kwargs)
         last = self._last_context
-        if last is not None and same_json(last[0], self._last_numbers, context):
-            return last
+        if last is not None and same_json(last[0], last[2], context):
+            return last[0], last[1]
         tools, tool_choice, template_kwargs = snapshot = copy_snapshot(context)
-        self._last_numbers = numbers(snapshot)
-        self._last_context = (snapshot, self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs)))
-        return self._last_context
+        tool_tokens = self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs))
+        self._last_context = (snapshot, tool_tokens, numbers(snapshot))
+        return snapshot, tool_tokens
 
     def _render_parts(self, messages: Sequence[Mapping[str, Any]], context: tuple[Any, Any, Any],
                       add_generation_prompt: bool) -> str:
@@ -451,8 +451,7 @@ class TiktokenSource:
         self._lock = threading.Lock()
         # the last request's per-message counts, and its context (a snapshot: see TemplateSource._context)
         self._previous: PrefixMemo[int] = PrefixMemo(copy_context=False)
-        self._last_context: tuple[Any, Any] | None = None
-        self._last_numbers: list[Any] = []
+        self._last_context: tuple[tuple[Any, Any], list[Any]] | None = None  # the snapshot and its numbers
         self._last_tools: int | None = None
         self._priming: int | None = None
 
@@ -473,11 +472,11 @@ class TiktokenSource:
     def _snapshot(self, context: tuple[Any, Any]) -> tuple[Any, Any]:
         """The previous request's own copy of ``context`` when equal (one comparison), else a new copy."""
         last = self._last_context
-        if last is not None and same_json(last, self._last_numbers, context):
-            return last
-        self._last_context = copy_snapshot(context)
-        self._last_numbers = numbers(self._last_context)
-        return self._last_context
+        if last is not None and same_json(last[0], last[1], context):
+            return last[0]
+        snapshot: tuple[Any, Any] = copy_snapshot(context)
+        self._last_context = (snapshot, numbers(snapshot))
+        return snapshot
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
         key = digest(message, 24)
