@@ -239,3 +239,22 @@ def test_an_agent_loop_mutating_its_own_lists_in_place_is_counted_and_sent_exact
                 fresh = truth.count(payload) if truth else TiktokenSource().count(payload)
                 row = session.ledger[-1]
                 assert (row.input_tokens, row.tool_tokens) == (fresh.total, fresh.tools), step
+
+
+def test_the_prefix_report_sees_a_message_the_caller_edited_in_place():
+    """An agent that truncates an old tool result in its own messages list between two turns gets a prefix
+    report that names that message and a broken prefix (the previous request is kept as it was sent)."""
+    from agentkv import Backend, Session
+
+    class Instant:
+        def completion(self, **kwargs):
+            return {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+    messages = trace(3)
+    with Session(Backend("hosted_vllm/m", window=32768, tokenizer="cl100k_base"), client=Instant()) as session:
+        session.completion(messages=messages, max_tokens=4)
+        messages[3]["content"] = messages[3]["content"][:40]  # in place: the same dict, a shorter result
+        messages.append({"role": "user", "content": "and now?"})
+        session.completion(messages=messages, max_tokens=4)
+        report = session.prefix_report()
+    assert report.divergence_message == 3 and not report.intact

@@ -24,6 +24,7 @@ from agentkv._http import HttpTransport
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
+from agentkv.tokens.payload import detached
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
 from agentkv.warm.policy import WarmAheadPolicy, decide_warm
 
@@ -159,7 +160,7 @@ class WarmAhead:
             self._stats.add(f"warm_skipped_{outcome}")
         if outcome == "fire":
             self._stats.add("warm_fired")
-            self.warmed = payload
+            self.warmed = detached(payload, deep=True)  # the warm's prompt, whatever the caller edits before escalating
             emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
         return outcome
 
