@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import uuid
 
 import pytest
 
@@ -53,6 +54,8 @@ def test_a_plain_completion_is_counted_and_its_cache_hits_recorded(setup):
     """Each call gets an observed ledger row with the Session's exact count; a repeat records its prefix-cache hit."""
     session, logger, fast, litellm = setup
     msgs = conversation(2)
+    # a prompt no other test sent: the server is shared, and the first call must find nothing cached
+    msgs[0]["content"] = f"run {uuid.uuid4().hex}\n{msgs[0]['content']}"
     for _ in range(2):
         litellm.completion(**fast, messages=msgs, tools=TOOLS8, max_tokens=2)
     assert logger.wait(finished=2), logger.counters  # success callbacks run on litellm's logging thread

@@ -1,0 +1,134 @@
+"""The Session's surface for callers that send requests themselves (a LangChain callback, a litellm logger,
+the httpx transport, the LangChain router): count and route without sending (:meth:`~SendsOutside.route`,
+:meth:`~SendsOutside.count`), account a request sent elsewhere (:meth:`~SendsOutside.observe`), or plan one,
+recover it and record its answer (:meth:`~SendsOutside.prepare`, :meth:`~SendsOutside.recover`,
+:meth:`~SendsOutside.answered`). Each gathers its inputs like the Session's drivers and asks the same pure core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal, Mapping
+
+from agentkv._session.attempts import Attempt, Observation
+from agentkv._session.reactive import ReactivePath
+from agentkv._session.inputs import Facts, max_tokens_of
+from agentkv.errors import ContextOverflowError
+from agentkv.overflow import overflow_from_error
+from agentkv.routing import RouteDecision, as_sent
+from agentkv.tokens import Payload, TokenCount, payload_from_request
+
+__all__ = ["SendsOutside"]
+
+
+class SendsOutside(ReactivePath):
+    """A layer of :class:`~agentkv.Session`: the entry points for requests the Session does not send itself."""
+
+    def observe(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
+        """Account a request sent outside the Session (a LangChain callback, a litellm logger).
+
+        The request is counted and recorded in the ledger (as sent to ``sent_to``, "fast" or "slow"),
+        and warm-ahead fires when due; nothing else is sent. The returned :class:`Observation` says
+        whether fast can take the request as it is.
+        """
+        role = self._sent_to(sent_to)
+        payload = self._open_request(kwargs)
+        facts = self._facts()
+        attempt, decision = self._observed(kwargs, payload, self._count(kwargs, payload, facts), facts, role)
+        self._maybe_warm(attempt, facts, asynchronous=False)
+        return self._observation(attempt, decision, facts)
+
+    async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
+        """The async twin of :meth:`observe` (warms run as tasks)."""
+        role = self._sent_to(sent_to)
+        payload = self._open_request(kwargs)
+        facts = await self._afacts()
+        attempt, decision = self._observed(kwargs, payload, await self._acount(kwargs, payload, facts), facts, role)
+        await self._amaybe_warm(attempt, facts)
+        return self._observation(attempt, decision, facts)
+
+    def prepare(self, body: Mapping[str, Any]) -> Attempt:
+        """Count, route and clamp a raw OpenAI request ``body`` its caller sends itself, and warm when due.
+
+        For senders outside litellm (the httpx transport, the LangChain router): the returned
+        :class:`Attempt` says where it goes (``decision``, ``backend``) and with which output budget;
+        a warm repeats ``body`` itself with a one-token budget. Hand an overflow to :meth:`recover` and
+        the answer to :meth:`answered`.
+        """
+        payload = self._open_request(dict(body))
+        facts = self._facts()
+        attempt = self._prepared(body, payload, self._count(body, payload, facts), facts)
+        self._maybe_warm(attempt, facts, asynchronous=False)
+        return attempt
+
+    async def aprepare(self, body: Mapping[str, Any]) -> Attempt:
+        """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
+        payload = self._open_request(dict(body))
+        facts = await self._afacts()
+        attempt = self._prepared(body, payload, await self._acount(body, payload, facts), facts)
+        await self._amaybe_warm(attempt, facts)
+        return attempt
+
+    def recover(self, attempt: Attempt, error: Exception) -> Attempt:
+        """The next try after ``attempt`` failed with ``error``: a recoverable overflow is clamped or escalated,
+        an outage fails over when the other backend can take it; anything else is re-raised."""
+        overflow = overflow_from_error(error)
+        if overflow is None:
+            return self._fail_over(attempt, error, self._facts())
+        return self._recover(attempt, error, overflow, self._recount(attempt), self._facts())
+
+    async def arecover(self, attempt: Attempt, error: Exception) -> Attempt:
+        """The async twin of :meth:`recover`."""
+        overflow = overflow_from_error(error)
+        if overflow is None:
+            return self._fail_over(attempt, error, await self._afacts())
+        return self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
+
+    def answered(self, attempt: Attempt, response: Any, *, asynchronous: bool = False) -> Any:
+        """Record ``attempt`` as answered with ``response`` (a dict or object with OpenAI's ``usage``):
+        requests per backend, the ledger row, the escalation and its cached tokens, as :meth:`completion`."""
+        return self._finish(attempt, response, asynchronous=asynchronous)
+
+    def _prepared(self, body: Mapping[str, Any], payload: Payload, count: TokenCount, facts: Facts) -> Attempt:
+        return replace(self._plan(dict(body), payload, count, facts), raw=True)
+
+    def route(self, **kwargs: Any) -> RouteDecision:
+        """The route this Session would choose for a request, sending and recording nothing.
+
+        Raises :class:`ContextOverflowError` when no backend can hold it.
+        """
+        payload, facts = payload_from_request(kwargs), self._facts()
+        return self._decide(kwargs, self._count(kwargs, payload, facts), facts)
+
+    async def aroute(self, **kwargs: Any) -> RouteDecision:
+        """The async twin of :meth:`route`."""
+        payload, facts = payload_from_request(kwargs), await self._afacts()
+        return self._decide(kwargs, await self._acount(kwargs, payload, facts), facts)
+
+    def count(self, **kwargs: Any) -> TokenCount:
+        """Count a request as the fast backend will receive it, without sending anything."""
+        return self._counter(self.fast).count(payload_from_request(kwargs))
+
+    def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
+        """Attach a response's cached-token count to an observed ledger turn."""
+        self._record.record_usage(turn, cached_tokens)
+
+    def _sent_to(self, sent_to: str) -> Literal["fast", "slow"]:
+        if sent_to == "fast" or (sent_to == "slow" and self.slow is not None):
+            return "slow" if sent_to == "slow" else "fast"
+        raise ValueError(f"sent_to must be 'fast' or 'slow' (with a slow backend), got {sent_to!r}")
+
+    def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts,
+                  role: Literal["fast", "slow"]) -> tuple[Attempt, RouteDecision | None]:
+        try:
+            decision: RouteDecision | None = self._decide(kwargs, count, facts)
+        except ContextOverflowError:
+            decision = None
+        target = facts.fast if role == "fast" else facts.slow
+        sent = as_sent(target, role, input_tokens=count.total, max_tokens=max_tokens_of(kwargs), count_source=count.source)
+        return Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt), decision
+
+    def _observation(self, attempt: Attempt, decision: RouteDecision | None, facts: Facts) -> Observation:
+        target = facts.fast if attempt.decision.role == "fast" else facts.slow
+        entry = self._record.observed(attempt.count, target.name, attempt.warm)
+        return Observation(entry.turn, attempt.count, decision, facts.fast.window, attempt.warm, facts.slow.window)

@@ -1,0 +1,77 @@
+"""The Session's reactive path: the next try after a context overflow (clamp or escalate, the pure
+:func:`~agentkv.routing.plan_recovery` and :func:`~agentkv.routing.after_recovery` decide) or after an outage
+(fail over, :func:`~agentkv.routing.failover` decides). The drivers gather the inputs (the failed backend's
+count, fresh :class:`Facts`) and hand them over as data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agentkv._session.core import SessionCore
+from agentkv._session.attempts import Attempt
+from agentkv._session.inputs import Facts, max_tokens_of
+from agentkv.errors import ContextOverflowError
+from agentkv.events import emit
+from agentkv.overflow import Overflow
+from agentkv.retry import is_outage
+from agentkv.routing import after_recovery, failover, plan_recovery
+from agentkv.tokens import TokenCount
+
+__all__ = ["ReactivePath"]
+
+
+class ReactivePath(SessionCore):
+    """A layer of :class:`~agentkv.Session`: what happens after a request failed."""
+
+    def _recover(self, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount,
+                 facts: Facts) -> Attempt:
+        """``count``: the failed backend's own count of the request (exact where it can be)."""
+        self._stats.add("overflow_errors")
+        failed = facts.fast if attempt.decision.role == "fast" else facts.slow
+        if overflow.max_context:
+            self.discovery.correct(attempt.backend, overflow.max_context)
+        plan = plan_recovery(
+            overflow, role=attempt.decision.role, exact_prompt_tokens=count.total if count.exact else None,
+            requested_max_tokens=attempt.decision.max_tokens, known_window=failed.window, safe_prompt_tokens=count.safe,
+            already_clamped=attempt.reactive_clamped,
+            slow_usable=facts.slow.usable and attempt.decision.role == "fast", policy=self.routing,
+        )
+        emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
+             backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
+        if plan.action == "give_up":
+            windows = {facts.fast.name: facts.fast.window}
+            if self.slow is not None:
+                windows[facts.slow.name] = facts.slow.window
+            windows[failed.name] = overflow.max_context or failed.window
+            raise ContextOverflowError(
+                f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {plan.why}",
+                input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
+                max_tokens=attempt.decision.max_tokens,
+            ) from error
+        self._stats.add("reactive_fallbacks")
+        fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
+            if attempt.decision.role == "fast" else facts.fast
+        decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=self.routing,
+                                  requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
+        self._log_route(decision, attempt.count)
+        escalated = decision.role != attempt.decision.role
+        return replace(attempt, decision=decision, backend=self._backend(decision.role),
+                       reactive_clamped=not escalated)
+
+    def _fail_over(self, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
+        """The next try when ``attempt``'s backend is down and the other one can take the request; any
+        other error (or a second outage) propagates untouched."""
+        if attempt.failed_over or self.slow is None or not is_outage(error):
+            raise error
+        decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=self.routing,
+                            route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
+                            max_tokens=max_tokens_of(attempt.kwargs))
+        if decision is None:
+            raise error
+        self._stats.add("failovers")
+        emit("failover", level="warning", error=type(error).__name__, status_code=getattr(error, "status_code", None),
+             failed=attempt.backend.label, to=decision.backend, session=self.session_id, tenant=self.tenant)
+        self._log_route(decision, attempt.count)
+        return replace(attempt, decision=decision, backend=self._backend(decision.role), failed_over=True,
+                       reactive_clamped=False)
