@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import uuid
 from dataclasses import replace
 from typing import Any, Callable, Literal, Mapping
@@ -65,7 +66,8 @@ class Session:
     defaulting to ``AGENTKV_CACHE_SALT_SECRET``). A tenant on a self-hosted backend with neither is
     refused (:class:`ConfigurationError`) unless ``cache_salt=False`` opts out of isolation knowingly.
     ``request_timeout_s`` bounds each attempt of a request (a call's own ``timeout=`` wins; None: the
-    client's default, litellm's being 6,000 s).
+    client's default, litellm's being 6,000 s). ``clock`` (``time.monotonic`` by default) times the turns the
+    warm-ahead break-even gate sees (``WarmAheadPolicy(break_even=True)``).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Session:
         mapper: Any = None,
         min_attention_cosine: float | None = None,
         count_exactly: bool = False,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         check_backends(fast, slow)
         self.fast, self.slow = fast, slow
@@ -115,7 +118,7 @@ class Session:
         self._history: list[Payload] = []
         self._jobs = BackgroundJobs()
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
-                               tenant=tenant)
+                               tenant=tenant, clock=clock or time.monotonic)
         self._record = Recorder(self._stats)
         self.closed = False
 
@@ -515,9 +518,10 @@ class Session:
             self._send_warm(attempt, asynchronous=True)
 
     def _warm_inputs(self, attempt: Attempt, facts: Facts) -> dict[str, Any]:
+        boundary = None if facts.fast.window is None else facts.fast.window - self.routing.output_floor
         return dict(estimated_tokens=attempt.count.total, fast_window=facts.fast.window,
                     routed_role=attempt.decision.role, model_known=facts.slow_model_known,
-                    enabled=_env.warm_ahead_enabled())
+                    enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary)
 
     def _send_warm(self, attempt: Attempt, asynchronous: bool) -> None:
         if attempt.warm != "fire" or self.slow is None:

@@ -13,6 +13,7 @@ never waits on one. Context variables are copied into the worker (a thread does 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import queue
 import threading
@@ -25,11 +26,12 @@ from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
-from agentkv.warm.policy import WarmAheadPolicy, decide_warm
+from agentkv.warm.economics import TurnSample
+from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
 
 __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
 
-_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable")
+_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even")
 _Job = Callable[[], Any]
 
 
@@ -113,21 +115,31 @@ class BackgroundJobs:
 
 class WarmAhead:
     """Warm-ahead for one (tenant, session): ``consider``/``aconsider`` decide and claim through the
-    :class:`~agentkv.state.StateStore`, ``send``/``asend`` go out and give the lease back."""
+    :class:`~agentkv.state.StateStore`, ``send``/``asend`` go out and give the lease back.
+
+    It keeps the conversation's last ``policy.growth_turns`` (``clock()``, tokens) samples for the
+    break-even gate: bounded, and no I/O."""
 
     def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats, jobs: BackgroundJobs,
-                 *, session_id: str, tenant: str | None) -> None:
+                 *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self._store, self._stats, self._jobs = store, stats, jobs
         self._session_id, self._tenant = session_id, tenant
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
+        self._clock = clock
+        self.turns: collections.deque[TurnSample] = collections.deque(maxlen=policy.growth_turns)
+
+    def _decide(self, inputs: dict[str, Any]) -> WarmDecision:
+        """Record this request's sample, then ask the pure decision (history included)."""
+        self.turns.append(TurnSample(self._clock(), int(inputs["estimated_tokens"])))
+        return decide_warm(policy=self.policy, history=tuple(self.turns), **inputs)
 
     def consider(self, payload: Payload, **inputs: Any) -> str:
         """The outcome for this request ("fire" or why not), counted; a "fire" holds a lease.
 
-        ``inputs``: :func:`~agentkv.warm.policy.decide_warm`'s keywords less ``policy``."""
-        decision = decide_warm(policy=self.policy, **inputs)
+        ``inputs``: :func:`~agentkv.warm.policy.decide_warm`'s keywords less ``policy`` and ``history``."""
+        decision = self._decide(inputs)
         if not decision.fire:
             return self._counted(decision.outcome, payload, inputs)
         outcome: str
@@ -139,7 +151,7 @@ class WarmAhead:
 
     async def aconsider(self, payload: Payload, **inputs: Any) -> str:
         """The async twin of :meth:`consider`: the claim is awaited (an asyncio client, never a sync call)."""
-        decision = decide_warm(policy=self.policy, **inputs)
+        decision = self._decide(inputs)
         if not decision.fire:
             return self._counted(decision.outcome, payload, inputs)
         outcome: str

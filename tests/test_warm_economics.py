@@ -1,0 +1,123 @@
+"""The break-even gate: the pure forecast and decision, and a Session that gates its warms on real servers."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentkv import Backend, Session
+from agentkv.demo.script import TOOLS, ScriptedAgent
+from agentkv.errors import ConfigurationError
+from agentkv.testing import FakeClock
+from agentkv.warm import (
+    CooldownMap, TurnSample, WarmAheadPolicy, decide_break_even, decide_warm, forecast_escalation,
+)
+from conftest import chat_requests
+
+
+def linear(turns, *, start=1000, growth=100, pace=60.0):
+    """A conversation of ``turns`` requests growing by ``growth`` tokens every ``pace`` seconds."""
+    return [TurnSample(i * pace, start + i * growth) for i in range(turns)]
+
+
+def test_forecast_extrapolates_mean_growth_and_pace():
+    """1,200 tokens growing 100 per 60 s reach a 1,750 boundary in 6 turns, 360 s."""
+    forecast = forecast_escalation(linear(3), boundary_tokens=1750)
+    assert forecast is not None
+    assert (forecast.turns, forecast.seconds, forecast.tokens_per_turn, forecast.seconds_per_turn) == (6, 360.0, 100, 60)
+
+
+def test_forecast_edges():
+    """One sample gives no forecast; a flat conversation never escalates; one past the boundary escalates now."""
+    assert forecast_escalation(linear(1), boundary_tokens=2000) is None
+    flat = forecast_escalation(linear(4, growth=0), boundary_tokens=2000)
+    assert flat is not None and flat.turns is None and flat.seconds is None
+    past = forecast_escalation(linear(3), boundary_tokens=1100)
+    assert past is not None and (past.turns, past.seconds) == (0, 0.0)
+
+
+def test_decision_fires_inside_the_lifetime_only():
+    """An escalation forecast at 360 s fires under a 600 s lifetime and is skipped under a 300 s one."""
+    history = linear(3)
+    assert decide_break_even(history, boundary_tokens=1750, lifetime_s=600) == "fire"
+    assert decide_break_even(history, boundary_tokens=1750, lifetime_s=300) == "break_even"
+    assert decide_break_even(linear(3, growth=-5), boundary_tokens=1750, lifetime_s=1e9) == "break_even"
+    assert decide_break_even(linear(1), boundary_tokens=1750, lifetime_s=1) == "no_history"
+    assert decide_break_even(linear(2), boundary_tokens=1750, lifetime_s=600, min_samples=3) == "no_history"
+
+
+def test_decide_warm_applies_the_gate_only_when_asked():
+    """The gate is off by default; on, a slow conversation's warm says "break_even" and a fast one's fires."""
+    slow, fast = linear(3, start=1260, growth=20, pace=300), linear(3, start=900, growth=200, pace=30)
+    args = dict(estimated_tokens=1300, fast_window=2048, routed_role="fast", enabled=True, model_known=True,
+                boundary_tokens=1792)
+    assert decide_warm(policy=WarmAheadPolicy(), history=slow, **args).outcome == "fire"
+    gated = WarmAheadPolicy(break_even=True, cache_lifetime_s=600)
+    assert decide_warm(policy=gated, history=slow, **args).outcome == "break_even"
+    assert decide_warm(policy=gated, history=fast, **args).outcome == "fire"
+    assert decide_warm(policy=gated, history=slow[-1:], **args).outcome == "fire"  # no history: seed behaviour
+    assert decide_warm(policy=gated, history=slow, **{**args, "estimated_tokens": 100}).outcome == "below_threshold"
+
+
+def test_gate_settings_are_validated():
+    """A non-positive lifetime and a growth window under two turns are refused by name."""
+    with pytest.raises(ConfigurationError, match="cache_lifetime_s"):
+        WarmAheadPolicy(cache_lifetime_s=0)
+    with pytest.raises(ConfigurationError, match="growth_turns"):
+        WarmAheadPolicy(growth_turns=1)
+
+
+histories = st.lists(st.tuples(st.floats(0, 3600), st.integers(0, 5000)), min_size=2, max_size=8).map(
+    lambda rows: [TurnSample(t, n) for t, n in zip(sorted(r[0] for r in rows), (r[1] for r in rows))])
+
+
+@given(histories, st.integers(1, 8000), st.floats(1, 1e5), st.floats(1, 1e5))
+def test_a_longer_lifetime_never_turns_a_warm_away(history, boundary, short, extra):
+    """If the gate fires under some lifetime, it fires under every longer one."""
+    if decide_break_even(history, boundary_tokens=boundary, lifetime_s=short) == "fire":
+        assert decide_break_even(history, boundary_tokens=boundary, lifetime_s=short + extra) == "fire"
+
+
+@given(st.integers(1, 500), st.floats(1, 600), st.integers(2, 8), st.integers(0, 4000), st.integers(1, 8000))
+def test_linear_growth_forecasts_exactly(growth, pace, turns, start, boundary):
+    """For a conversation growing linearly, the forecast is ceil(remaining / growth) turns of the pace."""
+    forecast = forecast_escalation(linear(turns, start=start, growth=growth, pace=pace), boundary_tokens=boundary)
+    last = start + (turns - 1) * growth
+    expected = max(0, math.ceil((boundary - last) / growth))
+    assert forecast is not None and forecast.turns == expected
+    assert forecast.seconds == pytest.approx(expected * pace)
+
+
+@given(histories, st.integers(1, 8000), st.floats(1, 1e5), st.floats(0.01, 1))
+def test_a_faster_pace_never_turns_a_warm_away(history, boundary, lifetime, factor):
+    """Compressing the same growth into less time never turns a fired warm into a skip."""
+    faster = [TurnSample(s.at_s * factor, s.tokens) for s in history]
+    if decide_break_even(history, boundary_tokens=boundary, lifetime_s=lifetime) == "fire":
+        assert decide_break_even(faster, boundary_tokens=boundary, lifetime_s=lifetime) == "fire"
+
+
+def test_session_gates_a_slow_conversation_and_warms_a_fast_one(fresh):
+    """A conversation told 900 s between turns (longer than the cache lives) never warms; told 30 s, it warms once."""
+    fast_backend = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
+    slow_backend = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")
+    policy = WarmAheadPolicy(break_even=True, cache_lifetime_s=600, growth_turns=4)
+    outcomes = {}
+    for pace in (900.0, 30.0):
+        clock, agent = FakeClock(), ScriptedAgent(result_rows=3)
+        messages = agent.opening()
+        with Session(fast_backend, slow_backend, discovery=fresh["discovery"], in_flight=fresh["in_flight"],
+                     cooldowns=CooldownMap(timer=clock), clock=clock, warm_ahead=policy, tenant=f"gate-{pace}",
+                     session_id=f"{fresh['session_id']}-{pace}", cache_salt_secret="k") as s:
+            while s.last_route is None or s.last_route.role == "fast":
+                s.completion(messages=messages, tools=TOOLS[:8], max_tokens=2)
+                clock.advance(pace)
+                messages = messages + agent.next_turn()
+            assert s.drain_warms(30)
+            assert len(s._warm.turns) == 4  # the history the gate keeps is bounded
+        outcomes[pace] = s.stats(), [e.warm for e in s.ledger]
+    slow_stats, slow_warms = outcomes[900.0]
+    fast_stats, fast_warms = outcomes[30.0]
+    assert slow_stats["warm_fired"] == 0 and slow_stats["warm_skipped_break_even"] >= 1, slow_warms
+    assert fast_stats["warm_fired"] == 1 and fast_stats.get("warm_skipped_break_even", 0) == 0, fast_warms
+    assert len([b for b in chat_requests(fresh["slow"]) if b.get("max_tokens") == 1]) == 1
