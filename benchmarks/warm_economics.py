@@ -1,0 +1,332 @@
+"""Warm economics: what warm-ahead's prefills buy on a population where most sessions never escalate.
+
+A seeded synthetic population of agent sessions runs on the embedded servers (fast: tiny model; slow: a
+larger one whose prefix cache is sized so blocks get evicted). Conversation lengths are heavy-tailed
+(Pareto: most sessions end before they ever leave fast), think times vary per session (lognormal), and
+every turn's tool output has a varied size. Sessions interleave on one simulated clock: think time is told
+to the clock (the cooldowns and the break-even gate read it), never slept, and the slow cache's
+evictions come from the other sessions' traffic. The same population runs once per mode:
+
+- cold: warm-ahead off (the baseline every escalation's time to first token is compared with);
+- cooldown-only: the seed's warm-ahead (one warm per session per 5 minutes past 60% of the window);
+- event-aware: the same with a CacheLedger following the slow server (issue 15 item 3), when this build's
+  Session accepts ``ledger=``;
+- break-even gate: cooldown-only plus ``WarmAheadPolicy(break_even=True)``, its cache lifetime set from the
+  eviction rate the cooldown-only run observed (or ``--lifetime-s``).
+
+For each mode it prints: prefill tokens spent on warms, the share no escalation read, escalation TTFT saved
+per 1K warm tokens (against the cold run, session by session), and the share of escalations that found a warm
+cache (at least half their prompt cached).
+
+    python benchmarks/warm_economics.py                       # a few minutes on 2 CPU cores
+    python benchmarks/warm_economics.py --sessions 200 --slow-size large --cache-tokens 65536   # scale up
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import inspect
+import logging
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agentkv import Backend, RoutePolicy, Session, WarmAheadPolicy
+from agentkv.demo.script import TOOLS, ScriptedAgent
+from agentkv.local.server import LocalServer
+from agentkv.testing import FakeClock
+from agentkv.warm import CooldownMap, InFlightLimit
+
+SECRET = "warm-economics"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One synthetic session: when it starts, how many turns it lasts, its think times and tool output rows."""
+
+    index: int
+    arrival_s: float
+    turns: int
+    think_s: tuple[float, ...]
+    rows: tuple[int, ...]
+
+
+def population(args: argparse.Namespace) -> list[Plan]:
+    """Seeded sessions: Pareto turn counts, a lognormal pace per session, lognormal tool output sizes."""
+    rng = random.Random(args.seed)
+    plans = []
+    for i in range(args.sessions):
+        turns = min(args.max_turns, math.ceil(args.min_turns * (1.0 - rng.random()) ** (-1.0 / args.alpha)))
+        pace = rng.lognormvariate(math.log(args.think_median_s), args.think_sigma)
+        verbosity = rng.lognormvariate(math.log(args.rows_median), 0.5)
+        think = tuple(pace * rng.lognormvariate(0.0, 0.3) for _ in range(turns))
+        rows = tuple(max(1, min(40, round(verbosity * rng.lognormvariate(0.0, 0.6)))) for _ in range(turns))
+        plans.append(Plan(i, rng.uniform(0.0, args.arrivals_s), turns, think, rows))
+    return plans
+
+
+@dataclass
+class SessionResult:
+    """What one session did in one mode."""
+
+    warms: int = 0
+    warm_prefill: int = 0
+    escalated_turn: int | None = None
+    escalation_ttft_s: float = 0.0
+    escalation_input: int = 0
+    escalation_cached: int = 0
+
+    @property
+    def warm_tokens_read(self) -> int:
+        """Warm prefill the escalation found cached (this session's salt: only its own warms can be hit)."""
+        return min(self.warm_prefill, self.escalation_cached) if self.escalated_turn is not None else 0
+
+
+@dataclass
+class ModeResult:
+    name: str
+    sessions: list[SessionResult] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    slow_new_prefill: int = 0
+    sim_s: float = 0.0
+    lifetimes_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+class LifetimeProbe:
+    """Times each slow-cache block from stored to evicted on the simulated clock (what KV events tell a ledger)."""
+
+    def __init__(self, cache: Any, clock: FakeClock) -> None:
+        self._stored: dict[bytes, float] = {}
+        self.lifetimes_s: list[float] = []
+        self._clock, self._next = clock, cache.on_events
+        cache.on_events = self
+
+    def __call__(self, events: list[Any]) -> None:
+        now = self._clock()
+        for event in events:
+            if event.kind == "stored":
+                self._stored.update((h, now) for h in event.hashes)
+            elif event.kind == "removed":
+                self.lifetimes_s += [now - self._stored.pop(h) for h in event.hashes if h in self._stored]
+            else:
+                self._stored.clear()
+        if self._next is not None:
+            self._next(events)
+
+
+def event_aware_available() -> bool:
+    """Whether this build's Session takes a CacheLedger (issue 15's event-aware warm-ahead)."""
+    return "ledger" in inspect.signature(Session).parameters
+
+
+def start_servers(args: argparse.Namespace, kv_events: bool) -> tuple[LocalServer, LocalServer]:
+    config = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*",
+              "replay_endpoint": "tcp://127.0.0.1:*"} if kv_events else None
+    fast = LocalServer.from_size(args.fast_size, window=args.fast_window, model_id="econ-fast")
+    slow = LocalServer.from_size(args.slow_size, window=args.slow_window, model_id="econ-slow", seed=1,
+                                 kv_events_config=config)
+    return fast, slow
+
+
+def backends(fast: LocalServer, slow: LocalServer, kv_events: bool) -> tuple[Backend, Backend]:
+    extra = dict(kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint) if kv_events else {}
+    return (Backend(f"hosted_vllm/{fast.model_id}", api_base=fast.api_base, name="fast"),
+            Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow", **extra))
+
+
+def ttft(session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> float:
+    """Send one streamed turn through the Session; seconds until the first chunk that carries output."""
+    start, first = time.perf_counter(), None
+    for chunk in session.completion(messages=messages, tools=tools, max_tokens=2, stream=True,
+                                    stream_options={"include_usage": True}):
+        choices = getattr(chunk, "choices", None) or []
+        if first is None and any(getattr(c.delta, "content", None) or c.finish_reason for c in choices):
+            first = time.perf_counter() - start
+    return first or (time.perf_counter() - start)
+
+
+def warm_up(*servers: LocalServer) -> None:
+    """One unrelated streamed request per server, so first-call costs (litellm's import, kernels) stay out of the
+    first mode's figures; then the caches are emptied."""
+    from agentkv._env import import_litellm
+
+    litellm = import_litellm()
+    litellm.suppress_debug_info = True
+    for server in servers:
+        for _ in litellm.completion(model=f"hosted_vllm/{server.model_id}", api_base=server.api_base, max_tokens=2,
+                                    messages=[{"role": "user", "content": "kernel warm-up " * 300}], stream=True):
+            pass
+        server.engine.reset_prefix_cache()
+
+
+def slow_prefill(slow: LocalServer) -> int:
+    stats = slow.engine.stats()
+    return stats.prefix_cache_queries - stats.prefix_cache_hits
+
+
+def run_mode(name: str, plans: list[Plan], servers: tuple[LocalServer, LocalServer], args: argparse.Namespace,
+             policy: WarmAheadPolicy, *, ledger: bool = False) -> ModeResult:
+    """The whole population through one mode; sessions interleave in simulated time."""
+    fast, slow = servers
+    fast.engine.reset_prefix_cache()
+    slow.engine.reset_prefix_cache()
+    clock, result, started = FakeClock(0.0), ModeResult(name), time.perf_counter()
+    probe = LifetimeProbe(slow.engine.prefix_cache, clock)
+    fast_b, slow_b = backends(fast, slow, ledger)
+    cooldowns, in_flight = CooldownMap(maxsize=4096, ttl_s=policy.cooldown_s, timer=clock), InFlightLimit(64)
+    extra: dict[str, Any] = {}
+    cache_ledger = None
+    if ledger:
+        from agentkv.ledger import CacheLedger
+
+        cache_ledger = CacheLedger([slow_b]).start()
+        extra["ledger"] = cache_ledger
+    live: dict[int, tuple[Session, ScriptedAgent, list[dict[str, Any]]]] = {}
+    queue = [(p.arrival_s, p.index, 0) for p in plans]
+    heapq.heapify(queue)
+    result.sessions = [SessionResult() for _ in plans]
+    tools = TOOLS[: args.tools]
+    try:
+        while queue:
+            at, index, turn = heapq.heappop(queue)
+            clock.advance(at - clock())
+            if index not in live:
+                session = Session(fast_b, slow_b, tenant=f"{name}-{index}", session_id=f"s{index}",
+                                  cache_salt_secret=SECRET, cooldowns=cooldowns, in_flight=in_flight, clock=clock,
+                                  warm_ahead=policy, routing=RoutePolicy(output_floor=args.output_floor, min_output=16),
+                                  **extra)
+                agent = ScriptedAgent(seed=index)
+                live[index] = (session, agent, agent.opening())
+            session, agent, messages = live[index]
+            if _turn(session, messages, tools, result.sessions[index], slow, turn) or turn + 1 >= plans[index].turns:
+                result.stats = _merged(result.stats, session.stats())
+                del live[index]
+                continue
+            live[index] = (session, agent, messages + agent.next_turn(rows=plans[index].rows[turn]))
+            heapq.heappush(queue, (at + plans[index].think_s[turn], index, turn + 1))
+    finally:
+        if cache_ledger is not None:
+            cache_ledger.stop()
+    result.sim_s, result.wall_s = clock(), time.perf_counter() - started
+    result.slow_new_prefill = sum(s.warm_prefill for s in result.sessions) + sum(
+        s.escalation_input - s.escalation_cached for s in result.sessions if s.escalated_turn is not None)
+    result.lifetimes_s = probe.lifetimes_s
+    return result
+
+
+def _turn(session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]], out: SessionResult,
+          slow: LocalServer, turn: int) -> bool:
+    """One turn, then its warm (if any) finishes during the think time; True when the turn escalated."""
+    before = slow_prefill(slow)
+    seconds = ttft(session, messages, tools)
+    session.drain_warms(120)
+    entry = session.ledger[-1]
+    if entry.backend == "slow":
+        out.escalated_turn, out.escalation_ttft_s = turn, seconds
+        out.escalation_input, out.escalation_cached = entry.input_tokens, entry.cached_tokens or 0
+        return True
+    if entry.warm == "fire":
+        out.warms += 1
+        out.warm_prefill += slow_prefill(slow) - before
+    return False
+
+
+def _merged(total: dict[str, int], more: dict[str, Any]) -> dict[str, int]:
+    merged = dict(total)
+    for key, value in more.items():
+        if isinstance(value, int) and key.startswith("warm"):
+            merged[key] = merged.get(key, 0) + value
+    return merged
+
+
+def observed_lifetime_s(run: ModeResult, cache_tokens: int) -> float:
+    """The slow cache's expected block lifetime: capacity over the rate of new prefill (what LRU evicts)."""
+    rate = run.slow_new_prefill / max(run.sim_s, 1.0)
+    return cache_tokens / rate if rate > 0 else math.inf
+
+
+def report(runs: list[ModeResult], cold: ModeResult) -> None:
+    """One row per mode, side by side."""
+    header = (f"{'mode':16s} {'warms':>6s} {'warm prefill':>12s} {'unread':>7s} {'escal.':>6s} {'found warm':>10s} "
+              f"{'TTFT ms (cold)':>15s} {'saved ms/1K warm':>16s} {'skips':>20s}")
+    print(header)
+    escalated = [i for i, s in enumerate(cold.sessions) if s.escalated_turn is not None]
+    for run in [cold, *runs]:
+        prefill = sum(s.warm_prefill for s in run.sessions)
+        unread = prefill - sum(s.warm_tokens_read for s in run.sessions)
+        found = [i for i in escalated if run.sessions[i].escalation_cached >= 0.5 * run.sessions[i].escalation_input]
+        mean_ttft = statistics.fmean(run.sessions[i].escalation_ttft_s for i in escalated) if escalated else 0.0
+        cold_ttft = statistics.fmean(cold.sessions[i].escalation_ttft_s for i in escalated) if escalated else 0.0
+        saved = sum(cold.sessions[i].escalation_ttft_s - run.sessions[i].escalation_ttft_s for i in escalated)
+        per_k = f"{saved * 1000 / (prefill / 1000):.1f}" if prefill else "-"
+        skips = " ".join(f"{k.removeprefix('warm_skipped_')}={v}" for k, v in sorted(run.stats.items())
+                         if k.startswith("warm_skipped_") and k != "warm_skipped_disabled" and v)
+        share = f"{len(found)}/{len(escalated)}"
+        print(f"{run.name:16s} {sum(s.warms for s in run.sessions):6d} {prefill:12d} "
+              f"{unread / prefill if prefill else 0:7.0%} {len(escalated):6d} {share:>10s} "
+              f"{mean_ttft * 1000:7.1f} ({cold_ttft * 1000:5.1f}) {per_k:>16s} {skips or '-':>20s}")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--sessions", type=int, default=48, help="sessions in the population")
+    add("--seed", type=int, default=7)
+    add("--fast-size", default="tiny")
+    add("--slow-size", default="small")
+    add("--fast-window", type=int, default=2048)
+    add("--slow-window", type=int, default=8192)
+    add("--output-floor", type=int, default=256)
+    add("--tools", type=int, default=8, help="tool schemas sent with every turn")
+    add("--cache-tokens", type=int, default=8192, help="the slow server's prefix cache, in tokens")
+    add("--lifetime-s", type=float, default=None,
+        help="the gate's cache_lifetime_s (default: measured from the cooldown-only run's eviction rate)")
+    add("--min-turns", type=float, default=2.0, help="Pareto scale: the shortest session, in turns")
+    add("--alpha", type=float, default=1.1, help="Pareto shape of the turn counts (smaller: heavier tail)")
+    add("--max-turns", type=int, default=40)
+    add("--think-median-s", type=float, default=60.0)
+    add("--think-sigma", type=float, default=1.0, help="lognormal sigma of the per-session pace")
+    add("--rows-median", type=float, default=3.0, help="median tool output rows per turn (~70 tokens a row)")
+    add("--arrivals-s", type=float, default=600.0, help="sessions start uniformly over this many seconds")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    plans = population(args)
+    aware = event_aware_available()
+    fast, slow = start_servers(args, kv_events=aware)
+    with fast, slow:
+        slow.engine.prefix_cache.resize(args.cache_tokens * slow.engine.kv_bytes_per_token)
+        warm_up(fast, slow)
+        print(f"{args.sessions} sessions (seed {args.seed}): turns {sorted(p.turns for p in plans)}")
+        print(f"fast {args.fast_size}/{args.fast_window}, slow {args.slow_size}/{args.slow_window}, "
+              f"slow prefix cache {args.cache_tokens} tokens")
+        cold = run_mode("cold", plans, (fast, slow), args, WarmAheadPolicy(enabled=False))
+        cooldown = run_mode("cooldown-only", plans, (fast, slow), args, WarmAheadPolicy())
+        lifetime = args.lifetime_s or observed_lifetime_s(cooldown, args.cache_tokens)
+        runs = [cooldown]
+        if aware:
+            runs.append(run_mode("event-aware", plans, (fast, slow), args, WarmAheadPolicy(), ledger=True))
+        else:
+            print("event-aware: not available on this build (Session has no ledger= parameter)")
+        gate = WarmAheadPolicy(break_even=True, cache_lifetime_s=lifetime)
+        runs.append(run_mode("break-even gate", plans, (fast, slow), args, gate))
+    lives = cooldown.lifetimes_s
+    print(f"slow cache lifetime (cooldown-only run): capacity / new-prefill rate = {lifetime:.0f} s"
+          + (f"; evicted blocks lived median {statistics.median(lives):.0f} s (n={len(lives)})" if lives else "")
+          + (" [set by --lifetime-s]" if args.lifetime_s else ""))
+    report(runs, cold)
+    print("wall: " + ", ".join(f"{r.name} {r.wall_s:.0f} s" for r in [cold, *runs]))
+
+
+if __name__ == "__main__":
+    main()
