@@ -44,6 +44,7 @@ from agentkv.testing import FakeClock
 from agentkv.warm import CooldownMap, InFlightLimit
 
 SECRET = "warm-economics"
+WARMS_SENT = ("warm_fired", "warm_rewarm_evicted", "warm_top_up")  # the counters of warms that went out
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,13 @@ def population(args: argparse.Namespace) -> list[Plan]:
 
 @dataclass
 class SessionResult:
-    """What one session did in one mode."""
+    """What one session did in one mode (``warm_prefill``: the slow server's new prefill during its fast turns)."""
 
     warms: int = 0
     warm_prefill: int = 0
     escalated_turn: int | None = None
     escalation_ttft_s: float = 0.0
+    escalation_server_ttft_s: float = 0.0
     escalation_input: int = 0
     escalation_cached: int = 0
 
@@ -108,6 +110,10 @@ class LifetimeProbe:
         self._clock, self._next = clock, cache.on_events
         cache.on_events = self
 
+    def remove(self, cache: Any) -> None:
+        """Give the cache back its own listener (the next mode installs a fresh probe)."""
+        cache.on_events = self._next
+
     def __call__(self, events: list[Any]) -> None:
         now = self._clock()
         for event in events:
@@ -119,6 +125,22 @@ class LifetimeProbe:
                 self._stored.clear()
         if self._next is not None:
             self._next(events)
+
+
+class ServerTTFT:
+    """A structlog processor keeping each model's last ``local.request.finished`` time to first token (the engine's
+    own: queueing and prefill, without HTTP and litellm); every event is then dropped."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def __call__(self, _logger: Any, _method: str, event: dict[str, Any]) -> Any:
+        if event.get("event") == "local.request.finished" and event.get("ttft_s") is not None:
+            self.last[str(event.get("model_id"))] = float(event["ttft_s"])
+        raise structlog.DropEvent
+
+
+SERVER_TTFT = ServerTTFT()
 
 
 def event_aware_available() -> bool:
@@ -207,11 +229,13 @@ def run_mode(name: str, plans: list[Plan], servers: tuple[LocalServer, LocalServ
             session, agent, messages = live[index]
             if _turn(session, messages, tools, result.sessions[index], slow, turn) or turn + 1 >= plans[index].turns:
                 result.stats = _merged(result.stats, session.stats())
+                result.sessions[index].warms = sum(session.stats().get(k, 0) for k in WARMS_SENT)
                 del live[index]
                 continue
             live[index] = (session, agent, messages + agent.next_turn(rows=plans[index].rows[turn]))
             heapq.heappush(queue, (at + plans[index].think_s[turn], index, turn + 1))
     finally:
+        probe.remove(slow.engine.prefix_cache)
         if cache_ledger is not None:
             cache_ledger.stop()
     result.sim_s, result.wall_s = clock(), time.perf_counter() - started
@@ -230,48 +254,55 @@ def _turn(session: Session, messages: list[dict[str, Any]], tools: list[dict[str
     entry = session.ledger[-1]
     if entry.backend == "slow":
         out.escalated_turn, out.escalation_ttft_s = turn, seconds
+        out.escalation_server_ttft_s = SERVER_TTFT.last.get(slow.model_id, 0.0)
         out.escalation_input, out.escalation_cached = entry.input_tokens, entry.cached_tokens or 0
         return True
-    if entry.warm == "fire":
-        out.warms += 1
-        out.warm_prefill += slow_prefill(slow) - before
+    out.warm_prefill += slow_prefill(slow) - before  # on a fast turn, all the slow server does is warms
     return False
 
 
 def _merged(total: dict[str, int], more: dict[str, Any]) -> dict[str, int]:
     merged = dict(total)
     for key, value in more.items():
-        if isinstance(value, int) and key.startswith("warm"):
+        if isinstance(value, int) and key.startswith("warm_"):
             merged[key] = merged.get(key, 0) + value
     return merged
 
 
-def observed_lifetime_s(run: ModeResult, cache_tokens: int) -> float:
-    """The slow cache's expected block lifetime: capacity over the rate of new prefill (what LRU evicts)."""
+def observed_lifetime_s(run: ModeResult, cache_tokens: int) -> tuple[float, float]:
+    """The slow cache's expected block lifetime, two ways: the median time evicted blocks were held (stored to
+    removed, as a KV-event subscriber sees it; inf without evictions), and capacity over the mean rate of new
+    prefill (what LRU evicts; it under-states a bursty load's eviction rate)."""
     rate = run.slow_new_prefill / max(run.sim_s, 1.0)
-    return cache_tokens / rate if rate > 0 else math.inf
+    by_rate = cache_tokens / rate if rate > 0 else math.inf
+    return (statistics.median(run.lifetimes_s) if run.lifetimes_s else math.inf), by_rate
 
 
 def report(runs: list[ModeResult], cold: ModeResult) -> None:
-    """One row per mode, side by side."""
-    header = (f"{'mode':16s} {'warms':>6s} {'warm prefill':>12s} {'unread':>7s} {'escal.':>6s} {'found warm':>10s} "
-              f"{'TTFT ms (cold)':>15s} {'saved ms/1K warm':>16s} {'skips':>20s}")
-    print(header)
+    """One row per mode, side by side; TTFTs are the escalated turns' means, end to end (and the engine's own)."""
     escalated = [i for i, s in enumerate(cold.sessions) if s.escalated_turn is not None]
+    print(f"{len(escalated)} of {len(cold.sessions)} sessions escalate; TTFT: end to end through litellm "
+          f"(in brackets: the slow engine's own, queueing + prefill)")
+    print(f"{'mode':16s} {'warms':>5s} {'warm prefill':>12s} {'unread':>6s} {'found warm':>10s} "
+          f"{'escal. TTFT ms':>16s} {'saved ms / 1K warm':>19s}  skips")
     for run in [cold, *runs]:
         prefill = sum(s.warm_prefill for s in run.sessions)
         unread = prefill - sum(s.warm_tokens_read for s in run.sessions)
-        found = [i for i in escalated if run.sessions[i].escalation_cached >= 0.5 * run.sessions[i].escalation_input]
-        mean_ttft = statistics.fmean(run.sessions[i].escalation_ttft_s for i in escalated) if escalated else 0.0
-        cold_ttft = statistics.fmean(cold.sessions[i].escalation_ttft_s for i in escalated) if escalated else 0.0
-        saved = sum(cold.sessions[i].escalation_ttft_s - run.sessions[i].escalation_ttft_s for i in escalated)
-        per_k = f"{saved * 1000 / (prefill / 1000):.1f}" if prefill else "-"
+        found = sum(run.sessions[i].escalation_cached >= 0.5 * run.sessions[i].escalation_input for i in escalated)
+        ttft, server = (_mean([getattr(run.sessions[i], f) for i in escalated])
+                        for f in ("escalation_ttft_s", "escalation_server_ttft_s"))
+        saved = [sum(getattr(cold.sessions[i], f) - getattr(run.sessions[i], f) for i in escalated) * 1e6 / prefill
+                 if prefill else None for f in ("escalation_ttft_s", "escalation_server_ttft_s")]
+        per_k = "-" if saved[0] is None else f"{saved[0]:.1f} ({saved[1]:.1f})"
         skips = " ".join(f"{k.removeprefix('warm_skipped_')}={v}" for k, v in sorted(run.stats.items())
                          if k.startswith("warm_skipped_") and k != "warm_skipped_disabled" and v)
-        share = f"{len(found)}/{len(escalated)}"
-        print(f"{run.name:16s} {sum(s.warms for s in run.sessions):6d} {prefill:12d} "
-              f"{unread / prefill if prefill else 0:7.0%} {len(escalated):6d} {share:>10s} "
-              f"{mean_ttft * 1000:7.1f} ({cold_ttft * 1000:5.1f}) {per_k:>16s} {skips or '-':>20s}")
+        print(f"{run.name:16s} {sum(s.warms for s in run.sessions):5d} {prefill:12d} {unread / max(prefill, 1):6.0%} "
+              f"{f'{found}/{len(escalated)}':>10s} {f'{ttft * 1000:.0f} ({server * 1000:.0f})':>16s} {per_k:>19s}  "
+              f"{skips or '-'}")
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
 
 
 def parse() -> argparse.Namespace:
@@ -288,6 +319,8 @@ def parse() -> argparse.Namespace:
     add("--cache-tokens", type=int, default=8192, help="the slow server's prefix cache, in tokens")
     add("--lifetime-s", type=float, default=None,
         help="the gate's cache_lifetime_s (default: measured from the cooldown-only run's eviction rate)")
+    add("--gate-lifetimes", type=float, nargs="*", default=[],
+        help="extra rows: the gate with these cache_lifetime_s settings (its sensitivity)")
     add("--min-turns", type=float, default=2.0, help="Pareto scale: the shortest session, in turns")
     add("--alpha", type=float, default=1.1, help="Pareto shape of the turn counts (smaller: heavier tail)")
     add("--max-turns", type=int, default=40)
@@ -300,7 +333,7 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO), processors=[SERVER_TTFT])
     plans = population(args)
     aware = event_aware_available()
     fast, slow = start_servers(args, kv_events=aware)
@@ -312,7 +345,8 @@ def main() -> None:
               f"slow prefix cache {args.cache_tokens} tokens")
         cold = run_mode("cold", plans, (fast, slow), args, WarmAheadPolicy(enabled=False))
         cooldown = run_mode("cooldown-only", plans, (fast, slow), args, WarmAheadPolicy())
-        lifetime = args.lifetime_s or observed_lifetime_s(cooldown, args.cache_tokens)
+        held, by_rate = observed_lifetime_s(cooldown, args.cache_tokens)
+        lifetime = args.lifetime_s or held
         runs = [cooldown]
         if aware:
             runs.append(run_mode("event-aware", plans, (fast, slow), args, WarmAheadPolicy(), ledger=True))
@@ -320,10 +354,12 @@ def main() -> None:
             print("event-aware: not available on this build (Session has no ledger= parameter)")
         gate = WarmAheadPolicy(break_even=True, cache_lifetime_s=lifetime)
         runs.append(run_mode("break-even gate", plans, (fast, slow), args, gate))
-    lives = cooldown.lifetimes_s
-    print(f"slow cache lifetime (cooldown-only run): capacity / new-prefill rate = {lifetime:.0f} s"
-          + (f"; evicted blocks lived median {statistics.median(lives):.0f} s (n={len(lives)})" if lives else "")
-          + (" [set by --lifetime-s]" if args.lifetime_s else ""))
+        for other in args.gate_lifetimes:  # the gate's sensitivity to its one setting
+            policy = WarmAheadPolicy(break_even=True, cache_lifetime_s=other)
+            runs.append(run_mode(f"gate @{other:.0f}s", plans, (fast, slow), args, policy))
+    print(f"slow cache lifetime in the cooldown-only run: evicted blocks held median {held:.0f} s "
+          f"(n={len(cooldown.lifetimes_s)}); capacity / mean new-prefill rate {by_rate:.0f} s; "
+          f"the gate's cache_lifetime_s = {lifetime:.0f} s" + (" (--lifetime-s)" if args.lifetime_s else ""))
     report(runs, cold)
     print("wall: " + ", ".join(f"{r.name} {r.wall_s:.0f} s" for r in [cold, *runs]))
 
