@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentkv import Backend, Session
+from agentkv import Backend, RoutePolicy, Session
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.errors import ConfigurationError
 from agentkv.testing import FakeClock
@@ -121,3 +121,30 @@ def test_session_gates_a_slow_conversation_and_warms_a_fast_one(fresh):
     assert slow_stats["warm_fired"] == 0 and slow_stats["warm_skipped_break_even"] >= 1, slow_warms
     assert fast_stats["warm_fired"] == 1 and fast_stats.get("warm_skipped_break_even", 0) == 0, fast_warms
     assert len([b for b in chat_requests(fresh["slow"]) if b.get("max_tokens") == 1]) == 1
+
+
+async def test_async_observe_gates_through_the_same_history():
+    """The async twin keeps the same bounded history: a slow pace says "break_even", a fast one fires one raw warm."""
+    from agentkv import WindowDiscovery
+    from agentkv.testing import FakeHttp, models_answer
+    from agentkv.warm import InFlightLimit
+
+    http = FakeHttp(lambda method, url, body: models_answer("big", 100_000) if method == "GET" else {"choices": []})
+    fast = Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", name="fast", window=1000)
+    slow = Backend("hosted_vllm/big", api_base="http://127.0.0.1:8/v1", name="slow")
+    policy = WarmAheadPolicy(break_even=True, cache_lifetime_s=600, growth_turns=3)
+    outcomes = {}
+    for pace in (900.0, 30.0):
+        clock = FakeClock()
+        async with Session(fast, slow, discovery=WindowDiscovery(http=http), http=http, count_with_server=False,
+                           cooldowns=CooldownMap(timer=clock), in_flight=InFlightLimit(4), clock=clock,
+                           warm_ahead=policy, routing=RoutePolicy(output_floor=16, min_output=16)) as s:
+            seen = []
+            for words in (300, 450, 600, 750, 900):
+                seen.append((await s.aobserve(messages=[{"role": "user", "content": "word " * words}])).warm)
+                clock.advance(pace)
+            await s.adrain_warms(10)
+        outcomes[pace] = seen
+    assert "fire" not in outcomes[900.0] and "break_even" in outcomes[900.0], outcomes
+    assert outcomes[30.0].count("fire") == 1 and "break_even" not in outcomes[30.0], outcomes
+    assert len([c for c in http.calls if c.method == "POST"]) == 1
