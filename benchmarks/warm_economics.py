@@ -32,7 +32,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import structlog
@@ -146,6 +146,12 @@ SERVER_TTFT = ServerTTFT()
 def event_aware_available() -> bool:
     """Whether this build's Session takes a CacheLedger (issue 15's event-aware warm-ahead)."""
     return "ledger" in inspect.signature(Session).parameters
+
+
+def event_policy(args: argparse.Namespace) -> WarmAheadPolicy:
+    """The event-aware mode's policy: top-ups scaled to this run's window (when this build has them)."""
+    has_top_up = "top_up_tokens" in {f.name for f in fields(WarmAheadPolicy)}
+    return WarmAheadPolicy(**({"top_up_tokens": args.top_up_tokens} if has_top_up else {}))
 
 
 def start_servers(args: argparse.Namespace, kv_events: bool) -> tuple[LocalServer, LocalServer]:
@@ -282,9 +288,10 @@ def report(runs: list[ModeResult], cold: ModeResult) -> None:
     """One row per mode, side by side; TTFTs are the escalated turns' means, end to end (and the engine's own)."""
     escalated = [i for i, s in enumerate(cold.sessions) if s.escalated_turn is not None]
     print(f"{len(escalated)} of {len(cold.sessions)} sessions escalate; TTFT: end to end through litellm "
-          f"(in brackets: the slow engine's own, queueing + prefill)")
+          f"(in brackets: the slow engine's own, queueing + prefill); prefill saved: escalation tokens found cached "
+          f"per 1K warm prefill tokens (load-independent)")
     print(f"{'mode':16s} {'warms':>5s} {'warm prefill':>12s} {'unread':>6s} {'found warm':>10s} "
-          f"{'escal. TTFT ms':>16s} {'saved ms / 1K warm':>19s}  skips")
+          f"{'escal. TTFT ms':>16s} {'saved ms / 1K warm':>19s} {'prefill saved / 1K':>18s}  skips")
     for run in [cold, *runs]:
         prefill = sum(s.warm_prefill for s in run.sessions)
         unread = prefill - sum(s.warm_tokens_read for s in run.sessions)
@@ -294,11 +301,13 @@ def report(runs: list[ModeResult], cold: ModeResult) -> None:
         saved = [sum(getattr(cold.sessions[i], f) - getattr(run.sessions[i], f) for i in escalated) * 1e6 / prefill
                  if prefill else None for f in ("escalation_ttft_s", "escalation_server_ttft_s")]
         per_k = "-" if saved[0] is None else f"{saved[0]:.1f} ({saved[1]:.1f})"
+        avoided = sum(run.sessions[i].escalation_cached - cold.sessions[i].escalation_cached for i in escalated)
+        per_k_tokens = f"{avoided * 1000 / prefill:.0f}" if prefill else "-"
         skips = " ".join(f"{k.removeprefix('warm_skipped_')}={v}" for k, v in sorted(run.stats.items())
                          if k.startswith("warm_skipped_") and k != "warm_skipped_disabled" and v)
         print(f"{run.name:16s} {sum(s.warms for s in run.sessions):5d} {prefill:12d} {unread / max(prefill, 1):6.0%} "
-              f"{f'{found}/{len(escalated)}':>10s} {f'{ttft * 1000:.0f} ({server * 1000:.0f})':>16s} {per_k:>19s}  "
-              f"{skips or '-'}")
+              f"{f'{found}/{len(escalated)}':>10s} {f'{ttft * 1000:.0f} ({server * 1000:.0f})':>16s} {per_k:>19s} "
+              f"{per_k_tokens:>18s}  {skips or '-'}")
 
 
 def _mean(values: list[float]) -> float:
@@ -319,6 +328,7 @@ def parse() -> argparse.Namespace:
     add("--cache-tokens", type=int, default=8192, help="the slow server's prefix cache, in tokens")
     add("--lifetime-s", type=float, default=None,
         help="the gate's cache_lifetime_s (default: measured from the cooldown-only run's eviction rate)")
+    add("--top-up-tokens", type=int, default=256, help="event-aware mode: WarmAheadPolicy.top_up_tokens")
     add("--gate-lifetimes", type=float, nargs="*", default=[],
         help="extra rows: the gate with these cache_lifetime_s settings (its sensitivity)")
     add("--min-turns", type=float, default=2.0, help="Pareto scale: the shortest session, in turns")
@@ -349,11 +359,14 @@ def main() -> None:
         lifetime = args.lifetime_s or held
         runs = [cooldown]
         if aware:
-            runs.append(run_mode("event-aware", plans, (fast, slow), args, WarmAheadPolicy(), ledger=True))
+            runs.append(run_mode("event-aware", plans, (fast, slow), args, event_policy(args), ledger=True))
         else:
             print("event-aware: not available on this build (Session has no ledger= parameter)")
         gate = WarmAheadPolicy(break_even=True, cache_lifetime_s=lifetime)
         runs.append(run_mode("break-even gate", plans, (fast, slow), args, gate))
+        if aware:
+            runs.append(run_mode("event-aware+gate", plans, (fast, slow), args,
+                                 replace(event_policy(args), break_even=True, cache_lifetime_s=lifetime), ledger=True))
         for other in args.gate_lifetimes:  # the gate's sensitivity to its one setting
             policy = WarmAheadPolicy(break_even=True, cache_lifetime_s=other)
             runs.append(run_mode(f"gate @{other:.0f}s", plans, (fast, slow), args, policy))
