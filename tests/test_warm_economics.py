@@ -148,3 +148,37 @@ async def test_async_observe_gates_through_the_same_history():
     assert "fire" not in outcomes[900.0] and "break_even" in outcomes[900.0], outcomes
     assert outcomes[30.0].count("fire") == 1 and "break_even" not in outcomes[30.0], outcomes
     assert len([c for c in http.calls if c.method == "POST"]) == 1
+
+
+def _economics_bench():
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "warm_economics.py"
+    spec = importlib.util.spec_from_file_location("warm_economics_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_population_is_seeded_and_its_accounting_holds(servers):
+    """The benchmark's population repeats per seed; on real servers cold spends no warm prefill, the same sessions
+    escalate in both modes, and no session is credited with more warm tokens read than it prefilled."""
+    bench = _economics_bench()
+    import sys
+
+    argv, sys.argv = sys.argv, ["warm_economics.py", "--sessions", "4", "--max-turns", "7", "--rows-median", "6"]
+    try:
+        args = bench.parse()
+    finally:
+        sys.argv = argv
+    plans = bench.population(args)
+    assert plans == bench.population(args) and all(p.turns >= 3 for p in plans)
+    cold = bench.run_mode("cold", plans, servers, args, WarmAheadPolicy(enabled=False))
+    warm = bench.run_mode("cooldown-only", plans, servers, args, WarmAheadPolicy())
+    assert sum(s.warm_prefill for s in cold.sessions) == 0 and sum(s.warms for s in warm.sessions) >= 1
+    assert [s.escalated_turn for s in cold.sessions] == [s.escalated_turn for s in warm.sessions]
+    assert any(s.escalated_turn is not None for s in warm.sessions)
+    assert all(0 <= s.warm_tokens_read <= s.warm_prefill for s in warm.sessions)
