@@ -199,56 +199,101 @@ def slow_prefill(slow: LocalServer) -> int:
     return stats.prefix_cache_queries - stats.prefix_cache_hits
 
 
-def run_mode(name: str, plans: list[Plan], servers: tuple[LocalServer, LocalServer], args: argparse.Namespace,
-             policy: WarmAheadPolicy, *, ledger: bool = False) -> ModeResult:
-    """The whole population through one mode; sessions interleave in simulated time."""
-    fast, slow = servers
-    fast.engine.reset_prefix_cache()
-    slow.engine.reset_prefix_cache()
-    clock, result, started = FakeClock(0.0), ModeResult(name), time.perf_counter()
-    probe = LifetimeProbe(slow.engine.prefix_cache, clock)
-    fast_b, slow_b = backends(fast, slow, ledger)
-    cooldowns, in_flight = CooldownMap(maxsize=4096, ttl_s=policy.cooldown_s, timer=clock), InFlightLimit(64)
-    extra: dict[str, Any] = {}
-    cache_ledger = None
-    if ledger:
-        from agentkv.ledger import CacheLedger
+class Mode:
+    """One mode: its own fast and slow servers (so modes never share a cache), guards, ledger and live sessions.
 
-        cache_ledger = CacheLedger([slow_b]).start()
-        extra["ledger"] = cache_ledger
-    live: dict[int, tuple[Session, ScriptedAgent, list[dict[str, Any]]]] = {}
+    ``servers`` are borrowed when given (tests), else started and stopped by :meth:`open` and :meth:`close`."""
+
+    def __init__(self, name: str, policy: WarmAheadPolicy, args: argparse.Namespace, clock: FakeClock, *,
+                 ledger: bool = False, servers: tuple[LocalServer, LocalServer] | None = None) -> None:
+        self.name, self.policy, self.args, self.clock, self.ledger = name, policy, args, clock, ledger
+        self._owned = servers is None
+        self.fast, self.slow = servers or start_servers(args, kv_events=ledger)
+        self.result = ModeResult(name)
+        self.live: dict[int, tuple[Session, ScriptedAgent, list[dict[str, Any]]]] = {}
+        self.cooldowns = CooldownMap(maxsize=4096, ttl_s=policy.cooldown_s, timer=clock)
+        self.in_flight = InFlightLimit(64)
+        self._extra: dict[str, Any] = {}
+        self._cache_ledger: Any = None
+        self._probe: LifetimeProbe | None = None
+
+    def open(self, plans: list[Plan]) -> Mode:
+        if self._owned:
+            self.fast.__enter__()
+            self.slow.__enter__()
+            self.slow.engine.prefix_cache.resize(self.args.cache_tokens * self.slow.engine.kv_bytes_per_token)
+            warm_up(self.fast, self.slow)
+        for server in (self.fast, self.slow):
+            server.engine.reset_prefix_cache()
+        self.fast_b, self.slow_b = backends(self.fast, self.slow, self.ledger)
+        if self.ledger:
+            from agentkv.ledger import CacheLedger
+
+            self._cache_ledger = CacheLedger([self.slow_b]).start()
+            self._extra["ledger"] = self._cache_ledger
+        self._probe = LifetimeProbe(self.slow.engine.prefix_cache, self.clock)
+        self.result.sessions = [SessionResult() for _ in plans]
+        return self
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.remove(self.slow.engine.prefix_cache)
+            self.result.lifetimes_s = self._probe.lifetimes_s
+        if self._cache_ledger is not None:
+            self._cache_ledger.stop()
+        if self._owned:
+            self.slow.__exit__(None, None, None)
+            self.fast.__exit__(None, None, None)
+        sessions = self.result.sessions
+        self.result.sim_s = self.clock()
+        self.result.slow_new_prefill = sum(s.warm_prefill for s in sessions) + sum(
+            s.escalation_input - s.escalation_cached for s in sessions if s.escalated_turn is not None)
+
+    def turn(self, plan: Plan, turn: int) -> bool:
+        """Play ``plan``'s turn ``turn`` in this mode; True when the session ends (escalated or its last turn)."""
+        started = time.perf_counter()
+        if plan.index not in self.live:
+            session = Session(self.fast_b, self.slow_b, tenant=f"{self.name}-{plan.index}", session_id=f"s{plan.index}",
+                              cache_salt_secret=SECRET, cooldowns=self.cooldowns, in_flight=self.in_flight,
+                              clock=self.clock, warm_ahead=self.policy,
+                              routing=RoutePolicy(output_floor=self.args.output_floor, min_output=16), **self._extra)
+            agent = ScriptedAgent(seed=plan.index)
+            self.live[plan.index] = (session, agent, agent.opening())
+        session, agent, messages = self.live[plan.index]
+        out = self.result.sessions[plan.index]
+        ended = _turn(session, messages, TOOLS[: self.args.tools], out, self.slow, turn) or turn + 1 >= plan.turns
+        if ended:
+            self.result.stats = _merged(self.result.stats, session.stats())
+            out.warms = sum(session.stats().get(k, 0) for k in WARMS_SENT)
+            del self.live[plan.index]
+        else:
+            self.live[plan.index] = (session, agent, messages + agent.next_turn(rows=plan.rows[turn]))
+        self.result.wall_s += time.perf_counter() - started
+        return ended
+
+
+def play(modes: list[Mode], plans: list[Plan]) -> list[ModeResult]:
+    """The population through every mode in lockstep: each turn is played by every mode back to back, so their
+    times to first token are measured under the same machine load; think time goes to the shared clock."""
+    clock = modes[0].clock
+    for mode in modes:
+        mode.open(plans)
     queue = [(p.arrival_s, p.index, 0) for p in plans]
     heapq.heapify(queue)
-    result.sessions = [SessionResult() for _ in plans]
-    tools = TOOLS[: args.tools]
+    done: set[tuple[str, int]] = set()
     try:
         while queue:
             at, index, turn = heapq.heappop(queue)
             clock.advance(at - clock())
-            if index not in live:
-                session = Session(fast_b, slow_b, tenant=f"{name}-{index}", session_id=f"s{index}",
-                                  cache_salt_secret=SECRET, cooldowns=cooldowns, in_flight=in_flight, clock=clock,
-                                  warm_ahead=policy, routing=RoutePolicy(output_floor=args.output_floor, min_output=16),
-                                  **extra)
-                agent = ScriptedAgent(seed=index)
-                live[index] = (session, agent, agent.opening())
-            session, agent, messages = live[index]
-            if _turn(session, messages, tools, result.sessions[index], slow, turn) or turn + 1 >= plans[index].turns:
-                result.stats = _merged(result.stats, session.stats())
-                result.sessions[index].warms = sum(session.stats().get(k, 0) for k in WARMS_SENT)
-                del live[index]
-                continue
-            live[index] = (session, agent, messages + agent.next_turn(rows=plans[index].rows[turn]))
-            heapq.heappush(queue, (at + plans[index].think_s[turn], index, turn + 1))
+            for mode in modes:
+                if (mode.name, index) not in done and mode.turn(plans[index], turn):
+                    done.add((mode.name, index))
+            if any((mode.name, index) not in done for mode in modes):
+                heapq.heappush(queue, (at + plans[index].think_s[turn], index, turn + 1))
     finally:
-        probe.remove(slow.engine.prefix_cache)
-        if cache_ledger is not None:
-            cache_ledger.stop()
-    result.sim_s, result.wall_s = clock(), time.perf_counter() - started
-    result.slow_new_prefill = sum(s.warm_prefill for s in result.sessions) + sum(
-        s.escalation_input - s.escalation_cached for s in result.sessions if s.escalated_turn is not None)
-    result.lifetimes_s = probe.lifetimes_s
-    return result
+        for mode in modes:
+            mode.close()
+    return [mode.result for mode in modes]
 
 
 def _turn(session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]], out: SessionResult,
@@ -346,35 +391,31 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO), processors=[SERVER_TTFT])
     plans = population(args)
     aware = event_aware_available()
-    fast, slow = start_servers(args, kv_events=aware)
-    with fast, slow:
-        slow.engine.prefix_cache.resize(args.cache_tokens * slow.engine.kv_bytes_per_token)
-        warm_up(fast, slow)
-        print(f"{args.sessions} sessions (seed {args.seed}): turns {sorted(p.turns for p in plans)}")
-        print(f"fast {args.fast_size}/{args.fast_window}, slow {args.slow_size}/{args.slow_window}, "
-              f"slow prefix cache {args.cache_tokens} tokens")
-        cold = run_mode("cold", plans, (fast, slow), args, WarmAheadPolicy(enabled=False))
-        cooldown = run_mode("cooldown-only", plans, (fast, slow), args, WarmAheadPolicy())
-        held, by_rate = observed_lifetime_s(cooldown, args.cache_tokens)
-        lifetime = args.lifetime_s or held
-        runs = [cooldown]
-        if aware:
-            runs.append(run_mode("event-aware", plans, (fast, slow), args, event_policy(args), ledger=True))
-        else:
-            print("event-aware: not available on this build (Session has no ledger= parameter)")
-        gate = WarmAheadPolicy(break_even=True, cache_lifetime_s=lifetime)
-        runs.append(run_mode("break-even gate", plans, (fast, slow), args, gate))
-        if aware:
-            runs.append(run_mode("event-aware+gate", plans, (fast, slow), args,
-                                 replace(event_policy(args), break_even=True, cache_lifetime_s=lifetime), ledger=True))
-        for other in args.gate_lifetimes:  # the gate's sensitivity to its one setting
-            policy = WarmAheadPolicy(break_even=True, cache_lifetime_s=other)
-            runs.append(run_mode(f"gate @{other:.0f}s", plans, (fast, slow), args, policy))
-    print(f"slow cache lifetime in the cooldown-only run: evicted blocks held median {held:.0f} s "
-          f"(n={len(cooldown.lifetimes_s)}); capacity / mean new-prefill rate {by_rate:.0f} s; "
+    print(f"{args.sessions} sessions (seed {args.seed}): turns {sorted(p.turns for p in plans)}")
+    print(f"fast {args.fast_size}/{args.fast_window}, slow {args.slow_size}/{args.slow_window}, "
+          f"slow prefix cache {args.cache_tokens} tokens; every mode on its own pair of servers")
+    started = time.perf_counter()
+    calibration = play([Mode("calibration", WarmAheadPolicy(), args, FakeClock(0.0))], plans)[0]
+    held, by_rate = observed_lifetime_s(calibration, args.cache_tokens)
+    lifetime = args.lifetime_s or held
+    print(f"slow cache lifetime, cooldown-only calibration run: evicted blocks held median {held:.0f} s "
+          f"(n={len(calibration.lifetimes_s)}); capacity / mean new-prefill rate {by_rate:.0f} s; "
           f"the gate's cache_lifetime_s = {lifetime:.0f} s" + (" (--lifetime-s)" if args.lifetime_s else ""))
+    if not aware:
+        print("event-aware: not available on this build (Session has no ledger= parameter)")
+    gate = WarmAheadPolicy(break_even=True, cache_lifetime_s=lifetime)
+    specs: list[tuple[str, WarmAheadPolicy, bool]] = [
+        ("cold", WarmAheadPolicy(enabled=False), False), ("cooldown-only", WarmAheadPolicy(), False),
+        *([("event-aware", event_policy(args), True)] if aware else []),
+        ("break-even gate", gate, False),
+        *([("event-aware+gate", replace(event_policy(args), break_even=True, cache_lifetime_s=lifetime), True)]
+          if aware else []),
+        *[(f"gate @{other:.0f}s", replace(gate, cache_lifetime_s=other), False) for other in args.gate_lifetimes],
+    ]
+    clock = FakeClock(0.0)
+    cold, *runs = play([Mode(name, policy, args, clock, ledger=ledger) for name, policy, ledger in specs], plans)
     report(runs, cold)
-    print("wall: " + ", ".join(f"{r.name} {r.wall_s:.0f} s" for r in [cold, *runs]))
+    print(f"wall {time.perf_counter() - started:.0f} s: " + ", ".join(f"{r.name} {r.wall_s:.0f} s" for r in [cold, *runs]))
 
 
 if __name__ == "__main__":

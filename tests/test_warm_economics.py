@@ -176,8 +176,8 @@ def test_benchmark_population_is_seeded_and_its_accounting_holds(servers):
         sys.argv = argv
     plans = bench.population(args)
     assert plans == bench.population(args) and all(p.turns >= 3 for p in plans)
-    cold = bench.run_mode("cold", plans, servers, args, WarmAheadPolicy(enabled=False))
-    warm = bench.run_mode("cooldown-only", plans, servers, args, WarmAheadPolicy())
+    (cold,) = bench.play([bench.Mode("cold", WarmAheadPolicy(enabled=False), args, FakeClock(0), servers=servers)], plans)
+    (warm,) = bench.play([bench.Mode("cooldown-only", WarmAheadPolicy(), args, FakeClock(0), servers=servers)], plans)
     assert sum(s.warm_prefill for s in cold.sessions) == 0 and sum(s.warms for s in warm.sessions) >= 1
     assert [s.escalated_turn for s in cold.sessions] == [s.escalated_turn for s in warm.sessions]
     assert any(s.escalated_turn is not None for s in warm.sessions)
