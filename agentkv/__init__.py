@@ -11,7 +11,8 @@
 """
 
 from agentkv._session import Observation, Session
-from agentkv.backends import Backend, WindowDiscovery, WindowInfo, default_discovery
+from agentkv.backends import Backend, WindowInfo
+from agentkv.discovery import WindowDiscovery, default_discovery
 from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError
 from agentkv.overflow import Overflow, overflow_from_error, parse_overflow
 from agentkv.prefix import PrefixReport

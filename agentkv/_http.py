@@ -1,6 +1,6 @@
-"""The one HTTP seam: JSON GET and POST, sync and async, over pooled httpx clients.
+"""The one HTTP seam: JSON GET and POST (and text GET for ``/metrics``), sync and async, over pooled httpx clients.
 
-Everything agentkv asks a server outside a completion (``GET /v1/models``, ``POST /tokenize``) goes
+Everything agentkv asks a server outside a completion (``GET /v1/models``, ``POST /tokenize``, ``GET /metrics``) goes
 through an :class:`HttpTransport`. The default (:func:`default_http`) keeps one pooled
 ``httpx.Client`` per process and one ``httpx.AsyncClient`` per event loop; tests hand in
 :class:`agentkv.testing.FakeHttp`, whose one handler serves the sync and the async path alike.
@@ -33,9 +33,14 @@ class HttpError(Exception):
 
 @runtime_checkable
 class HttpTransport(Protocol):
-    """JSON over HTTP. Every method returns the parsed body or raises :class:`HttpError`."""
+    """JSON over HTTP (and text for Prometheus' ``/metrics``). Every method returns the parsed body (the text,
+    for ``get_text``) or raises :class:`HttpError`."""
 
     def get_json(self, url: str, *, timeout_s: float) -> Any: ...
+
+    def get_text(self, url: str, *, timeout_s: float) -> str: ...
+
+    async def aget_text(self, url: str, *, timeout_s: float) -> str: ...
 
     def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any: ...
 
@@ -58,25 +63,31 @@ class HttpxTransport:
     def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
         return self._send(lambda c: c.post(url, json=body, timeout=timeout_s), url)
 
+    def get_text(self, url: str, *, timeout_s: float) -> str:
+        return str(self._send(lambda c: c.get(url, timeout=timeout_s), url, _text))
+
+    async def aget_text(self, url: str, *, timeout_s: float) -> str:
+        return str(await self._asend(lambda c: c.get(url, timeout=timeout_s), url, _text))
+
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
         return await self._asend(lambda c: c.get(url, timeout=timeout_s), url)
 
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
         return await self._asend(lambda c: c.post(url, json=body, timeout=timeout_s), url)
 
-    def _send(self, call: Any, url: str) -> Any:
+    def _send(self, call: Any, url: str, parse: Any = None) -> Any:
         import httpx
 
         try:
-            return _parsed(call(self._sync_client()), url)
+            return (parse or _parsed)(call(self._sync_client()), url)
         except httpx.HTTPError as exc:
             raise _transport_error(exc, url) from exc
 
-    async def _asend(self, call: Any, url: str) -> Any:
+    async def _asend(self, call: Any, url: str, parse: Any = None) -> Any:
         import httpx
 
         try:
-            return _parsed(await call(self._async_client()), url)
+            return (parse or _parsed)(await call(self._async_client()), url)
         except httpx.HTTPError as exc:
             raise _transport_error(exc, url) from exc
 
@@ -107,6 +118,12 @@ def _parsed(response: Any, url: str) -> Any:
         return response.json()
     except ValueError as exc:
         raise HttpError(f"non-JSON answer from {_path(url)}", status_code=response.status_code) from exc
+
+
+def _text(response: Any, url: str) -> str:
+    if response.status_code >= 400:
+        raise HttpError(f"{response.status_code} from {_path(url)}", status_code=response.status_code)
+    return str(response.text)
 
 
 def _transport_error(exc: BaseException, url: str) -> HttpError:

@@ -27,6 +27,19 @@ def digest(value: Any, length: int = 12) -> str:
     return hashlib.sha256(data).hexdigest()[:length]
 
 
+def enabled(level: str = "info") -> bool:
+    """False only when agentkv's logger drops ``level`` events before any processor sees them (structlog's
+    filtering loggers, ``make_filtering_bound_logger``, turn a level below theirs into a no-op named
+    ``_nop``): an event's costly fields need not be computed then. True whenever that is not certain."""
+    import structlog
+
+    try:
+        method = getattr(structlog.get_config()["wrapper_class"], level)  # the class logger() binds
+    except Exception:  # pragma: no cover - an unusual logger: assume it logs
+        return True
+    return getattr(method, "__name__", "") != "_nop"
+
+
 def emit(event: str, level: str = "info", **fields: Any) -> None:
     """Log one agentkv event at ``level`` with plain-data fields."""
     getattr(logger(), level)(event, **fields)

@@ -57,8 +57,8 @@ Handler = Callable[[str, str, Any], Any]
 class FakeHttp:
     """The HTTP seam (:class:`agentkv._http.HttpTransport`) served by one handler, sync and async alike.
 
-    ``handler(method, url, body)`` returns the JSON answer, or ``(status, answer)``; it may raise
-    :class:`agentkv._http.HttpError` (a status, or ``timed_out=True``). ``latency_s`` delays each answer
+    ``handler(method, url, body)`` returns the JSON answer (the text, for ``get_text``), or ``(status, answer)``;
+    it may raise :class:`agentkv._http.HttpError` (a status, or ``timed_out=True``). ``latency_s`` delays each answer
     (``time.sleep`` on the sync path, ``asyncio.sleep`` on the async one). Every call is recorded.
 
         http = FakeHttp(lambda method, url, body: models_answer("m", 4096))
@@ -86,6 +86,12 @@ class FakeHttp:
 
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
         return await self._async("GET", url, None, timeout_s)
+
+    def get_text(self, url: str, *, timeout_s: float) -> str:
+        return str(self._sync("GET", url, None, timeout_s))
+
+    async def aget_text(self, url: str, *, timeout_s: float) -> str:
+        return str(await self._async("GET", url, None, timeout_s))
 
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
         return await self._async("POST", url, body, timeout_s)

@@ -16,6 +16,8 @@ carries the server's jitter), and the Session's time around a client that answer
 litellm, no model: its own cost, free of other threads' noise); and ``/tokenize`` calls per 100 turns.
 
     python benchmarks/overhead.py               # about 2 minutes on 2 CPU cores
+    python benchmarks/overhead.py --gap-ms 20   # an agent's tool step before each call: litellm's logging
+                                                # thread then no longer contends with the timed call for the GIL
 """
 
 from __future__ import annotations
@@ -141,8 +143,11 @@ def session_only(make_session: Callable[[TimedClient, CountingHttp], Session], l
 
 def run_mode(api_base: str, litellm: Any, make_session: Callable[[TimedClient, CountingHttp], Session],
              convos: list[list[list[dict[str, Any]]]],
-             tools: list[dict[str, Any]]) -> tuple[list[float], list[float], list[float], int]:
-    """Per-turn seconds: bare, Session, and the Session's own part (outside litellm); /tokenize calls."""
+             tools: list[dict[str, Any]], gap_s: float = 0.0) -> tuple[list[float], list[float], list[float], int]:
+    """Per-turn seconds: bare, Session, and the Session's own part (outside litellm); /tokenize calls.
+
+    ``gap_s``: an idle pause before each timed call (an agent's tool step between two model calls), in
+    which litellm's logging thread finishes the previous call's work instead of contending for the GIL."""
     bare_kwargs = {"model": "hosted_vllm/agentkv-tiny", "api_base": api_base, "max_tokens": 1}
     bare, mine, own, http = [], [], [], CountingHttp()
     for convo in convos:
@@ -154,7 +159,10 @@ def run_mode(api_base: str, litellm: Any, make_session: Callable[[TimedClient, C
                 pair = [functools.partial(litellm.completion, **bare_kwargs, **request),
                         functools.partial(session.completion, **request, max_tokens=1)]
                 first, second = (0, 1) if turn % 2 == 0 else (1, 0)
-                times = {first: _timed(pair[first]), second: _timed(pair[second])}
+                time.sleep(gap_s)
+                times = {first: _timed(pair[first])}
+                time.sleep(gap_s)
+                times[second] = _timed(pair[second])
                 bare.append(times[0])
                 mine.append(times[1])
                 own.append(times[1] - client.inside[-1])
@@ -167,6 +175,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--rows", type=int, default=2, help="tool-result rows per turn (~70 tokens each)")
     parser.add_argument("--window", type=int, default=6144)
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="idle pause before each timed call (an agent's tool step; 0: back to back)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     litellm = import_litellm()
@@ -186,7 +196,7 @@ def main() -> None:
         print(f"{turns} turns per mode, window {args.window}, 12 tools, last turn "
               f"{Session(declared).count(messages=last, tools=tools).total} tokens")
         for name, make in modes.items():
-            bare, mine, own, tokenize = run_mode(api_base, litellm, make, convos, tools)
+            bare, mine, own, tokenize = run_mode(api_base, litellm, make, convos, tools, args.gap_ms / 1000)
             alone = statistics.median(session_only(make, litellm, convos, tools))
             paired = statistics.median(m - b for b, m in zip(bare, mine))
             print(f"{name:15s} overhead median {statistics.median(own) * 1000:5.2f} ms/request (p90 "

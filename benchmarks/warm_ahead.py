@@ -1,47 +1,81 @@
-"""Escalation time to first token with warm-ahead against cold, at a ~16K-token escalation.
+"""Escalation time to first token: cooldown-only warm-ahead, event-aware warm-ahead and cold, at a ~16K escalation.
 
-The same scripted conversation runs twice on the embedded servers (fast: small model, 16384-token
-window; slow: large model, 32768-token window): once with warm-ahead, once cold (warm-ahead off and
-another tenant's cache_salt). Each turn adds about 1K tokens of tool output (--rows); the user's think time
-between turns (150 s) is told to the cooldown clock rather than slept, and any warm fired in a turn is
-allowed to finish before the next turn, as it would during real think time.
+The same scripted conversation runs three times on one pair of embedded servers (fast: small model,
+16384-token window; slow: large model, 32768-token window, publishing vLLM's KV events): with the
+cooldown-only warm-ahead, with event-aware warm-ahead (a CacheLedger following slow: skip a resident
+prefix, re-warm an evicted one, top up past --top-up tokens), and cold (warm-ahead off, another tenant's
+cache_salt). Each turn adds about 1K tokens of tool output (--rows); the user's think time between turns
+(150 s) is told to the cooldown clock rather than slept, and any warm fired in a turn is allowed to finish
+before the next turn, as it would during real think time.
 
-    python benchmarks/warm_ahead.py            # about 3 minutes on 2 CPU cores
+The three runs go in lockstep (each turn is sent by the three Sessions one after another), so the escalated
+turns are measured seconds apart. Printed side by side: escalated TTFT / fast TTFT on a same-size turn (the
+last turn fast answered: it prefills the same ~1-turn tail on top of its own cache; the median of the three
+runs' identical turn), escalated TTFT / cold, warms sent, and the tokens slow prefilled for them.
+
+    python benchmarks/warm_ahead.py            # about 6 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import statistics
 
 import structlog
 
-from agentkv.demo.runs import DemoConfig, run_both
+from agentkv.demo.runs import DemoConfig, DemoRun, run_modes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast-window", type=int, default=16384)
     parser.add_argument("--rows", type=int, default=15, help="tool-result rows per turn (~70 tokens each)")
+    parser.add_argument("--top-up", type=int, default=1024, help="WarmAheadPolicy.top_up_tokens (event-aware run)")
+    parser.add_argument("--turns", action="store_true", help="print every turn of every run")
+    parser.add_argument("--tiny", action="store_true", help="tiny models on both sides (a smoke run, not the figure)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     config = DemoConfig(fast_window=args.fast_window, slow_window=2 * args.fast_window, result_rows=args.rows,
                         turns_after_escalation=0, max_turns=40, tool_latency_s=0.0, max_tokens=4,
-                        warm_timeout_s=600.0)
-    warm, cold = run_both(config)
-    for run in (warm, cold):
-        print(f"{run.label:10s}: " + "  ".join(
-            f"t{r.turn}:{r.input_tokens}tok/{r.backend}/{r.warm or '-'}/{r.ttft_s:.2f}s/{r.cached_tokens}c" for r in run.rows))
-    hot, cool = warm.escalation(), cold.escalation()
-    if hot is None or cool is None:
+                        warm_timeout_s=600.0, top_up_tokens=args.top_up,
+                        **({"fast_size": "tiny", "slow_size": "tiny"} if args.tiny else {}))
+    plain, aware, cold = run_modes(config)
+    if args.turns:
+        for run in (plain, aware, cold):
+            print(f"{run.label:11s}: " + "  ".join(
+                f"t{r.turn}:{r.input_tokens}tok/{r.backend}/{r.warm or '-'}/{r.ttft_s:.2f}s/{r.cached_tokens}c"
+                for r in run.rows))
+    cool = cold.escalation()
+    if cool is None or plain.escalation() is None or aware.escalation() is None:
         print("no escalation happened")
         return
-    ratio = hot.ttft_s / cool.ttft_s
-    print(f"escalation at {hot.input_tokens} tokens: TTFT warm {hot.ttft_s * 1000:.0f} ms "
-          f"({hot.cached_tokens} cached, {hot.cached_tokens / hot.input_tokens:.0%}) vs cold {cool.ttft_s * 1000:.0f} ms "
-          f"({cool.cached_tokens} cached)")
-    print(f"ratio warm/cold = {ratio:.3f}  (target <= 0.2: {'met' if ratio <= 0.2 else 'NOT met'}); "
-          f"warms fired: {warm.stats['warm_fired']}")
+    fast = statistics.median(t.ttft_s for t in (run.last_fast_turn() for run in (plain, aware, cold)) if t)
+    print(f"load average {os.getloadavg()[0]:.2f}; escalation at ~{cool.input_tokens} tokens; cold TTFT "
+          f"{cool.ttft_s * 1000:.0f} ms; fast TTFT on the turn before {fast * 1000:.0f} ms; top_up_tokens {args.top_up}")
+    print(f"{'mode':12s} {'esc TTFT':>9s} {'cached':>7s} {'esc/fast':>9s} {'esc/cold':>9s} {'warms':>6s} "
+          f"{'warm prefill':>13s}  counters")
+    for run in (plain, aware):
+        print(_line(run, cool.ttft_s, fast))
+    hot = aware.escalation()
+    assert hot is not None
+    ratio, same = hot.ttft_s / cool.ttft_s, hot.ttft_s / fast
+    print(f"event-aware: escalated/cold = {ratio:.3f} (target <= 0.1: {'met' if ratio <= 0.1 else 'NOT met'}); "
+          f"escalated/fast = {same:.2f} (target <= 1.5: {'met' if same <= 1.5 else 'NOT met'})")
+    stats = aware.stats
+    print(f"ledger predictions: {stats['ledger_predictions']} ({stats['ledger_predictions_exact']} exact), predicted "
+          f"{stats['ledger_predicted_tokens']} vs reported {stats['ledger_reported_tokens']} cached tokens")
+
+
+def _line(run: DemoRun, cold_ttft_s: float, fast_ttft_s: float) -> str:
+    hot = run.escalation()
+    assert hot is not None
+    same = hot.ttft_s / fast_ttft_s
+    counters = ", ".join(f"{k.removeprefix('warm_')}={v}" for k, v in run.stats.items()
+                         if k.startswith("warm_") and k not in ("warm_completed",) and v)
+    return (f"{run.label:12s} {hot.ttft_s * 1000:7.0f}ms {hot.cached_tokens or 0:7d} {same:9.2f} "
+            f"{hot.ttft_s / cold_ttft_s:9.3f} {run.warms_sent:6d} {run.slow_prefill_before_escalation:13d}  {counters}")
 
 
 if __name__ == "__main__":

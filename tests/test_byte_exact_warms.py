@@ -1,5 +1,6 @@
 """What is counted and warmed is what is sent: content blocks, litellm's tool-schema stripping, an on-time first warm."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -91,3 +92,19 @@ def test_the_transport_warm_is_the_callers_body(fresh):
         assert s.drain_warms(30)
     expected = {**body, "model": fresh["slow"].model_id, "max_tokens": 1, "cache_salt": s.cache_salt}
     assert the_warm(fresh["slow"]) == expected
+
+
+def test_the_sessions_stripped_tools_are_rebuilt_only_when_the_callers_change():
+    """Equal tools reuse the previous request's stripped list; a schema edited in place is stripped again;
+    the caller's objects are never edited."""
+    from agentkv._session.attempts import LitellmSends, as_litellm_sends
+
+    sends, tools = LitellmSends(), [copy.deepcopy(STRICT_TOOL)]
+    first = sends("hosted_vllm/m", {"tools": tools, "max_tokens": 4})
+    again = sends("hosted_vllm/m", {"tools": [copy.deepcopy(STRICT_TOOL)]})
+    assert first["tools"] is again["tools"] and first["tools"] == as_litellm_sends("hosted_vllm/m", {"tools": tools})["tools"]
+    tools[0]["function"]["description"] = "Edited in place."
+    edited = sends("hosted_vllm/m", {"tools": tools})
+    assert edited["tools"] is not first["tools"] and edited["tools"][0]["function"]["description"] == "Edited in place."
+    assert tools[0]["function"].get("strict") is STRICT_TOOL["function"].get("strict")
+    assert sends("openai/gpt-4o", {"tools": tools})["tools"] is tools

@@ -12,6 +12,8 @@ from agentkv.demo.script import ScriptedAgent
 from agentkv.errors import ContextOverflowError
 from agentkv.routing import RoutePolicy, Target, decide_route, interval_decides
 from agentkv import Session
+from agentkv.testing import capture_events
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE
 from agentkv.tokens import Payload, TemplateSource, TiktokenSource
 from agentkv.warm.policy import WarmAheadPolicy, decide_warm
 
@@ -158,3 +160,61 @@ def test_sessions_route_identically_with_fewer_tokenize_calls(servers):
 def _route(session, msgs):
     d = session.route(messages=msgs, tools=DEMO_TOOLS, max_tokens=600)
     return d.backend, d.role, d.reason, d.max_tokens
+
+
+# A server whose template writes every message's content twice: its counts are about twice cl100k's, far
+# outside the estimate's documented 15% bound.
+DOUBLING_TEMPLATE = CHATML_TOOLS_TEMPLATE.replace("(message.content or '')",
+                                                  "(message.content or '') + (message.content or '')")
+
+
+@pytest.fixture(scope="module")
+def doubling_server():
+    from agentkv.local.codec import TiktokenCodec
+    from agentkv.local.server import LocalServer
+
+    assert DOUBLING_TEMPLATE != CHATML_TOOLS_TEMPLATE
+    with LocalServer.from_size("tiny", window=4096, model_id="doubling-tiny",
+                               codec=TiktokenCodec(template=DOUBLING_TEMPLATE)) as server:
+        yield server
+
+
+def _prose(sentences, tag):
+    return [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": " ".join(f"Host {tag}-{i} saw latency rise after compaction." for i in range(sentences))}]
+
+
+def test_an_exact_count_outside_the_interval_widens_it_for_later_turns(doubling_server):
+    """Against a server counting twice what cl100k does, a turn whose estimate interval looks safe is routed
+    on the estimate (wrongly) until an exact count near the boundary falls outside its interval; from then on
+    every Session on that server asks /tokenize for the same shape and routes as the all-exact path does."""
+    fast = Backend("hosted_vllm/doubling-tiny", api_base=doubling_server.api_base, name="fast")
+    slow = Backend("hosted_vllm/big", api_base="http://127.0.0.1:9/v1", window=65536, name="slow")  # never called
+
+    def session(**kwargs):
+        return Session(fast, slow, warm_ahead=WarmAheadPolicy(threshold=0.95), count_with_server=True, **kwargs)
+
+    short, near = _prose(190, "a"), _prose(310, "b")  # estimates ~2.1K (safe-looking) and ~3.5K (near 3840)
+    with session() as before:
+        assert before.route(messages=short).role == "fast"  # decided on the unwidened estimate
+        assert before.counters["fast"].exact_asked == 0
+    with session() as learner, capture_events() as events:
+        assert learner.route(messages=near).role == "slow"  # asked /tokenize: the count fell outside
+    assert [e for e in events if e["event"] == "count_bound_exceeded"][0]["widened_by"] > 1.5
+    with session() as after, session(count_exactly=True) as exact:
+        decision = after.route(messages=short)
+        assert decision == exact.route(messages=short) and decision.role == "slow"
+        assert after.counters["fast"].exact_asked == 1
+
+
+def test_the_estimate_bound_widens_within_its_limit_and_then_gives_up():
+    """A violation widens the factor to hold the count with 10% headroom; past 4x the bound is exhausted and
+    its counter asks the exact source for every decision."""
+    from agentkv.tokens.bound import EstimateBound
+
+    bound = EstimateBound()
+    assert not bound.observe(100, 200, 150) and bound.factor == 1.0
+    assert bound.observe(100, 200, 300) and bound.factor == pytest.approx(1.65)
+    assert bound.widened(100, 200) == (60, 330) and not bound.exhausted
+    assert bound.observe(60, 330, 40) and bound.factor == pytest.approx(1.65 * 1.5 * 1.1) and not bound.exhausted
+    assert bound.observe(10, 20, 200) and bound.factor == 4.0 and bound.exhausted

@@ -111,3 +111,69 @@ def test_a_template_that_renders_tools_in_later_turns_is_counted_with_them():
         got = counts(TemplateSource("cl100k_base", template), growing)
     assert got == counts(TemplateSource("cl100k_base", template, incremental=False), growing)
     assert [e for e in events if e["event"] == "incremental_count_disabled"]
+
+
+def test_split_lines_cuts_exactly_where_the_chunk_boundary_regex_cuts():
+    """The str.split cutter yields the look-around regex's chunks (as a multiset) on seeded random texts
+    with blank lines, tabs, carriage returns and Unicode spaces."""
+    import random
+
+    from agentkv.tokens.sources import _CHUNK_BOUNDARY, split_lines
+
+    rng = random.Random(14)
+    alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t "]
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
+        lines, rest = split_lines(text)
+        expected = [c for c in _CHUNK_BOUNDARY.split(text) if c]
+        assert sorted([line + "\n" for line in lines] + [c for c in rest if c]) == sorted(expected), repr(text)
+
+
+def test_tool_schemas_edited_in_place_are_counted_again():
+    """The context snapshot is a copy: a tool schema mutated in place between two requests changes the count
+    as a fresh source would see it."""
+    tools = copy.deepcopy(TOOLS)
+    msgs = trace(3)
+    source, full = TemplateSource("cl100k_base"), TemplateSource("cl100k_base", incremental=False)
+    before = source.count(Payload(tuple(msgs), tuple(tools)))
+    tools[2]["function"]["description"] = "Look a host up, with its full incident history and owners."
+    after = source.count(Payload(tuple(msgs + [{"role": "user", "content": "more"}]), tuple(tools)))
+    expected = full.count(Payload(tuple(msgs + [{"role": "user", "content": "more"}]), tuple(tools)))
+    assert (after.total, after.tools) == (expected.total, expected.tools) and after.tools > before.tools
+
+
+def test_a_line_cut_at_its_first_word_counts_as_the_whole_line():
+    """For cl100k and o200k, a line's tokens are those of its first word plus the rest (seeded random lines of
+    JSON, code, prose, CJK and emoji), so a new JSON value costs only its own tokens."""
+    import random
+
+    from agentkv.tokens.encodings import get_encoding
+    from agentkv.tokens.sources import word_cut
+
+    rng = random.Random(7)
+    words = ['"id":', '"inc-39-7",', "return", "x", "*", "2", "数据库", "😀🎉", "naïve", "  ", "\t", "'s", "’t",
+             "p99", "1234567", "-->", "", "Straße", "<|im_end|>", "{", "},", "a.b(c)", "\u00a0"]
+    for name in ("cl100k_base", "o200k_base"):
+        enc = get_encoding(name)
+        for _ in range(2000):
+            line = rng.choice(["", " ", "  ", "\t"]) + " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))
+            cut = word_cut(line)
+            if cut:
+                pieces = len(enc.encode_ordinary(line[:cut])) + len(enc.encode_ordinary(line[cut:] + "\n"))
+                assert pieces == len(enc.encode_ordinary(line + "\n")), (name, line)
+
+
+def test_a_tokenizer_whose_words_do_not_add_up_is_counted_without_word_cuts():
+    """A tokenizer that merges across spaces (one token per run of text between newlines) fails the first
+    call's check: word cuts stay off and every count is still that of the whole text."""
+    import re
+
+    from agentkv.tokens import ChunkedEncoder
+
+    def runs(text):
+        return re.findall(r"[^\n]+|\n", text)
+
+    encoder = ChunkedEncoder(runs)
+    texts = ['{\n  "id": "inc-1",\n  "host": "node-4"\n}\n', '  "id": "inc-2",\n  "host": "node-9"\n', "a b\n\nc d e\n"]
+    assert [encoder.count(t) for t in texts] == [len(runs(t)) for t in texts]
+    assert encoder.splits_exactly and not encoder._word_cuts

@@ -28,6 +28,20 @@ def test_arguments_and_defaults():
     assert (args.size, args.window, args.port, args.cache_budget_mb) == ("large", 8192, 0, 64)
     assert args.model_path is None and args.served_model_name is None
     assert args.enable_prompt_tokens_details is False and args.max_logprobs == 20  # vLLM's defaults
+    assert (args.eviction_policy, args.num_gpu_blocks_override) == ("fair", None)
+
+
+def test_the_eviction_flags_reach_the_engine():
+    """--eviction-policy and --num-gpu-blocks-override configure the served engine's prefix cache."""
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parser.parse_args(["--size", "tiny", "--port", "0", "--eviction-policy", "lru",
+                              "--num-gpu-blocks-override", "64"])
+    server = serve_cli._server(args)
+    server.stop()
+    assert (server.engine.prefix_cache.policy, server.engine.prefix_cache.num_blocks) == ("lru", 64)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--eviction-policy", "lfu"])
 
 
 def test_serve_answers_then_stops_on_sigterm():

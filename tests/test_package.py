@@ -92,3 +92,39 @@ def test_events_carry_hashes_not_prompt_text(monkeypatch):
     assert route["prompt_hash"] and route["messages"] == 1
     assert secret not in repr(quiet)
     assert secret in repr(loud)
+
+
+def test_events_dropped_by_a_filtering_logger_are_not_computed(monkeypatch):
+    """Under structlog's filtering logger at WARNING, info is reported disabled and the route event's prompt
+    hash is not computed; with the default logger it is."""
+    import logging
+
+    import structlog
+
+    from agentkv import events
+
+    hashed = []
+    monkeypatch.setattr("agentkv._session.driver.prompt_fields", lambda p: hashed.append(p) or {})
+    fast = Backend("hosted_vllm/m", window=4096)
+    try:
+        assert events.enabled("info") and events.enabled("debug")
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+        assert not events.enabled("info") and events.enabled("warning")
+        with Session(fast, client=_Instant()) as s:
+            s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert hashed == []
+    finally:
+        structlog.reset_defaults()
+    with Session(fast, client=_Instant()) as s:
+        s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert len(hashed) == 1
+
+
+class _Instant:
+    """A completion client that answers at once (no server involved in what this test proves)."""
+
+    def completion(self, **kwargs):
+        return {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+    async def acompletion(self, **kwargs):  # pragma: no cover - the test is sync
+        return self.completion(**kwargs)

@@ -40,6 +40,7 @@ class Attempt:
     failed_over: bool = False
     timeout_s: float | None = None
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
+    sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
@@ -160,9 +161,31 @@ def as_litellm_sends(model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]
     litellm removes every ``strict`` key and every ``additionalProperties: false`` from the tools it
     sends to ``hosted_vllm``; the caller's objects are never edited.
     """
-    if not model.startswith("hosted_vllm/") or not kwargs.get("tools"):
+    if not _strips_tools(model) or not kwargs.get("tools"):
         return kwargs
-    return {**kwargs, "tools": [_stripped(copy.deepcopy(tool)) for tool in kwargs["tools"]]}
+    return {**kwargs, "tools": [_stripped(_tree_copy(tool)) for tool in kwargs["tools"]]}
+
+
+class LitellmSends:
+    """:func:`as_litellm_sends` for one Session: the stripped tools are rebuilt only when the caller's tools
+    differ from the previous request's (compared with a copy, so an in-place edit is seen), and the same
+    stripped list is reused otherwise (it is never edited: the request builder copies what it sends)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[list[Any], str, Mapping[str, Any]] | None = None  # caller's tools copied, model, result
+
+    def __call__(self, model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        tools = kwargs.get("tools")
+        if not _strips_tools(model) or not tools or not isinstance(tools, (list, tuple)):
+            return as_litellm_sends(model, kwargs)
+        last = self._last
+        if last is None or last[1] != model or last[0] != list(tools):
+            last = self._last = (_tree_copy(list(tools)), model, as_litellm_sends(model, {"tools": tools}))
+        return {**kwargs, "tools": last[2]["tools"]}
+
+
+def _strips_tools(model: str) -> bool:
+    return model.startswith("hosted_vllm/")
 
 
 def _stripped(schema: Any) -> Any:

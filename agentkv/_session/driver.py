@@ -2,7 +2,7 @@
 
 ``Session.completion`` and ``Session.acompletion`` are twin drivers, each read like tenacity's
 ``Retrying.__call__``: gather the inputs that need I/O (windows and served models through
-:class:`~agentkv.backends.WindowDiscovery`, the count through :class:`~agentkv.tokens.TokenCounter`;
+:class:`~agentkv.discovery.WindowDiscovery`, the count through :class:`~agentkv.tokens.TokenCounter`;
 the async driver awaits every one), ask the pure core for a decision (:mod:`agentkv.routing`,
 :mod:`agentkv.warm.policy`), send, and on a context overflow ask the core for the next try.
 
@@ -18,17 +18,21 @@ import functools
 import time
 import uuid
 from dataclasses import replace
-from typing import Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 import agentkv._env as _env
 from agentkv._http import HttpTransport, default_http
-from agentkv._session.attempts import Attempt, Observation, as_litellm_sends, raw_warm_target, warm_body, warm_kwargs
+from agentkv._session.attempts import (
+    Attempt, LitellmSends, Observation, raw_warm_target, warm_body, warm_kwargs,
+)
 from agentkv._session.escalation import Handoff, prefix_report, schedule_warm_prefix_check
 from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, to_facts
+from agentkv._session.prediction import Prediction, schedule_prediction
 from agentkv._session.record import Recorder
-from agentkv.backends import Backend, WindowDiscovery, discovery_for
+from agentkv.backends import Backend
+from agentkv.discovery import WindowDiscovery, discovery_for
 from agentkv.errors import ContextOverflowError
-from agentkv.events import emit, prompt_fields
+from agentkv.events import emit, enabled, prompt_fields
 from agentkv.overflow import Overflow, overflow_from_error
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient
@@ -43,8 +47,11 @@ from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_reque
 from agentkv.state import StateStore
 from agentkv.state.config import resolve_state
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
+from agentkv.warm.aware import SlowResidency
 from agentkv.warm.sender import BackgroundJobs, WarmAhead
 
+if TYPE_CHECKING:
+    from agentkv.ledger import CacheLedger
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
@@ -68,6 +75,10 @@ class Session:
     ``request_timeout_s`` bounds each attempt of a request (a call's own ``timeout=`` wins; None: the
     client's default, litellm's being 6,000 s). ``clock`` (``time.monotonic`` by default) times the turns the
     warm-ahead break-even gate sees (``WarmAheadPolicy(break_even=True)``).
+    ``ledger`` (a started :class:`~agentkv.ledger.CacheLedger`): when it follows the slow backend, warm-ahead
+    is event-aware (skips a resident prefix, re-warms an evicted one, tops up a growing tail; see
+    ``docs/warm-ahead.md``), and every request to a backend it follows records the ledger's prediction
+    against the ``cached_tokens`` reported (``ledger_predictions*`` in :meth:`stats`).
     """
 
     def __init__(
@@ -94,6 +105,7 @@ class Session:
         mapper: Any = None,
         min_attention_cosine: float | None = None,
         count_exactly: bool = False,
+        ledger: CacheLedger | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         check_backends(fast, slow)
@@ -120,6 +132,10 @@ class Session:
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
                                tenant=tenant, clock=clock or time.monotonic)
         self._record = Recorder(self._stats)
+        self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
+        self.cache_ledger = ledger
+        if ledger is not None and slow is not None and ledger.follows(slow):
+            self._warm.attach(SlowResidency(ledger, slow, self.cache_salt, self._counter(slow)))
         self.closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -147,7 +163,7 @@ class Session:
     # ----------------------------------------------------------------- the drivers
     def completion(self, **kwargs: Any) -> Any:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
-        kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
+        kwargs = dict(self._sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = self._facts()
         attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
@@ -169,7 +185,7 @@ class Session:
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
-        kwargs = dict(as_litellm_sends(self.fast.model, kwargs))
+        kwargs = dict(self._sends(self.fast.model, kwargs))
         payload = self._open_request(kwargs)
         facts = await self._afacts()
         attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
@@ -399,7 +415,11 @@ class Session:
             self._stats.add("catalog_refusals")
         self._log_route(decision, count)
         return Attempt(decision, self._backend(decision.role), kwargs, payload, count, self.cache_salt,
-                       timeout_s=self.request_timeout_s)
+                       timeout_s=self.request_timeout_s, sent_at=self._stamp())
+
+    def _stamp(self) -> float | None:
+        """The ledger's clock now (the prediction reads the ledger as of it); None without a ledger."""
+        return self.cache_ledger.clock() if self.cache_ledger is not None else None
 
     def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts,
                   role: Literal["fast", "slow"]) -> tuple[Attempt, RouteDecision | None]:
@@ -423,7 +443,7 @@ class Session:
             estimate=decision.estimated_input_tokens, floor=self.routing.output_floor, window=decision.window,
             max_tokens=decision.max_tokens, count_source=count.source, exact=count.exact,
             tool_tokens=count.tools, session=self.session_id, tenant=self.tenant, note=decision.note or None,
-            **prompt_fields(self._history[-1] if self._history else None),
+            **(prompt_fields(self._history[-1] if self._history else None) if enabled("info") else {}),
         )
 
     # ----------------------------------------------------------------- the reactive path
@@ -483,10 +503,22 @@ class Session:
     def _finish(self, attempt: Attempt, response: Any, *, asynchronous: bool) -> Any:
         escalation = is_escalation(self._record.previous_role, attempt.decision)
         warmed = self._warm.warmed
-        result = self._record.finish(attempt, response, escalation=escalation, after_warm=warmed is not None)
+        prediction = self._predict(attempt, asynchronous)
+        result = self._record.finish(attempt, response, escalation=escalation, after_warm=warmed is not None,
+                                     on_cached=prediction.reported if prediction is not None else None)
         if escalation and warmed is not None:
             self._check_warm_prefix(warmed, attempt, asynchronous)
         return result
+
+    def _predict(self, attempt: Attempt, asynchronous: bool) -> Prediction | None:
+        """Start the ledger's prediction for a request to a backend it follows (worked out in the background)."""
+        ledger, sent_at = self.cache_ledger, attempt.sent_at
+        if ledger is None or sent_at is None or not ledger.follows(attempt.backend):
+            return None
+        prediction = Prediction(ledger, attempt.backend, self._stats)
+        schedule_prediction(self._jobs, prediction, self._counter(attempt.backend), attempt.payload,
+                            attempt.cache_salt, sent_at, asynchronous=asynchronous)
+        return prediction
 
     def _check_warm_prefix(self, warmed: Payload, attempt: Attempt, asynchronous: bool) -> None:
         """The broken-warm diagnostic, off the request path: a task (async) or a pool thread (sync)."""
@@ -524,7 +556,7 @@ class Session:
                     enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary)
 
     def _send_warm(self, attempt: Attempt, asynchronous: bool) -> None:
-        if attempt.warm != "fire" or self.slow is None:
+        if not self._warm.wants_send(attempt.warm) or self.slow is None:
             return
         url = raw_warm_target(self.slow)
         try:

@@ -8,7 +8,7 @@ reports its usage). Whether an answered request was the escalation is decided by
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
 from agentkv._session.responses import StreamWatcher, response_cached_tokens
@@ -28,9 +28,11 @@ class Recorder:
         self.ledger: list[LedgerEntry] = []
         self.previous_role: Role | None = None
 
-    def finish(self, attempt: Attempt, response: Any, *, escalation: bool, after_warm: bool) -> Any:
+    def finish(self, attempt: Attempt, response: Any, *, escalation: bool, after_warm: bool,
+               on_cached: Callable[[int | None], None] | None = None) -> Any:
         """Count the answered request, add its ledger row, and record its cached tokens (now, or when a
-        stream reports usage). ``escalation``: it was the move to slow; ``after_warm``: a warm preceded it."""
+        stream reports usage). ``escalation``: it was the move to slow; ``after_warm``: a warm preceded it;
+        ``on_cached`` is also handed the cached tokens once they are known."""
         decision = attempt.decision
         self.stats.request(decision.backend)
         if decision.reason in _REASON_COUNTERS:
@@ -40,9 +42,15 @@ class Recorder:
             self.stats.add("escalations_after_warm", int(after_warm))
         entry = self._append(attempt.count, decision.backend, decision.reason, attempt.warm)
         self.previous_role = decision.role
+
+        def cached(tokens: int | None) -> None:
+            self._cached(entry, tokens, escalation)
+            if on_cached is not None:
+                on_cached(tokens)
+
         if attempt.kwargs.get("stream"):
-            return StreamWatcher(response, lambda cached: self._cached(entry, cached, escalation))
-        self._cached(entry, response_cached_tokens(response), escalation)
+            return StreamWatcher(response, cached)
+        cached(response_cached_tokens(response))
         return response
 
     def observed(self, count: TokenCount, backend: str, warm: str) -> LedgerEntry:

@@ -10,7 +10,7 @@ compares the escalated turn's time to first token in the two runs.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 TRAINED = ("The embedded models are a small family trained on this machine on the Python standard library: "
@@ -40,9 +40,21 @@ class DemoRun:
     label: str
     rows: list[TurnRow] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    slow_requests_before_escalation: int = 0  # warms: every request slow served before the escalated turn
+    slow_prefill_before_escalation: int = 0  # tokens slow prefilled (prompt minus prefix-cache hits) for them
 
     def escalation(self) -> TurnRow | None:
         return next((r for r in self.rows if r.reason in ("proactive", "reactive_escalate")), None)
+
+    def last_fast_turn(self) -> TurnRow | None:
+        """The last turn fast answered before the escalation (one turn smaller than it)."""
+        escalation = self.escalation()
+        before = [r for r in self.rows if escalation is None or r.turn < escalation.turn]
+        return before[-1] if before else None
+
+    @property
+    def warms_sent(self) -> int:
+        return sum(self.stats.get(k, 0) for k in ("warm_fired", "warm_rewarm_evicted", "warm_top_up"))
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class DemoConfig:
     warm_timeout_s: float = 30.0
 
     trained: str | None = None  # a family recipe ("micro", "full"): trained models instead of random weights
+    top_up_tokens: int = 1024  # event-aware runs (run_modes) only
 
     @classmethod
     def quick(cls) -> "DemoConfig":
@@ -86,17 +99,88 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
     return warm, cold
 
 
-def _servers(config: DemoConfig, server: Any) -> tuple[Any, Any]:
+def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun, DemoRun]:
+    """Cooldown-only warm-ahead, event-aware warm-ahead (a :class:`~agentkv.ledger.CacheLedger` following slow)
+    and cold, in lockstep on one pair of servers (slow publishing KV events): every turn is sent by each mode's
+    Session in turn (another tenant's salt each), so the escalated turns are measured within seconds of each other.
+    Each run stops at its escalation (``turns_after_escalation`` is not used)."""
+    from agentkv import Session, WarmAheadPolicy
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.server import LocalServer
+    from agentkv.testing import FakeClock
+    from agentkv.warm import CooldownMap
+
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    fast, slow = _servers(config, LocalServer, kv_events_config=events)
+    with fast, slow:
+        _warm_up_kernels(fast, slow)
+        fast_backend, plain = _backends(fast, slow)
+        followed = replace(plain, kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint)
+        with CacheLedger([followed]) as ledger:
+            lanes = []
+            for label, slow_backend, warm, cache_ledger in (("cooldown", plain, True, None),
+                                                            ("event-aware", followed, True, ledger),
+                                                            ("cold", plain, False, None)):
+                clock = FakeClock()
+                policy = WarmAheadPolicy(timeout_s=config.warm_timeout_s, enabled=warm,
+                                         top_up_tokens=config.top_up_tokens)
+                session = Session(fast_backend, slow_backend, tenant=f"bench-{label}", warm_ahead=policy,
+                                  cache_salt_secret=f"demo-{time.time_ns()}", cooldowns=CooldownMap(timer=clock),
+                                  ledger=cache_ledger)
+                lanes.append(_Lane(DemoRun(label), session, clock))
+            _run_lanes(config, slow, lanes, console)
+    plain_run, aware_run, cold_run = (lane.run for lane in lanes)
+    return plain_run, aware_run, cold_run
+
+
+@dataclass
+class _Lane:
+    """One mode's run in :func:`run_modes`: its rows, its Session, its cooldown clock."""
+
+    run: DemoRun
+    session: Any
+    clock: Any
+    done: bool = False
+
+
+def _run_lanes(config: DemoConfig, slow: Any, lanes: list[_Lane], console: Any) -> None:
+    from agentkv.demo.script import TOOLS, ScriptedAgent
+
+    agent, tools = ScriptedAgent(result_rows=config.result_rows), TOOLS[: config.tools]
+    messages = agent.opening()
+    for _ in range(config.max_turns):
+        for lane in (lane for lane in lanes if not lane.done):
+            before = slow.engine.stats()
+            lane.run.rows.append(_turn(lane.session, messages, tools, config))
+            lane.done = lane.session.last_route.role == "slow"
+            if not lane.done:  # the turn went to fast: what slow did meanwhile was this lane's warms
+                lane.session.drain_warms(120)
+                after = slow.engine.stats()
+                lane.run.slow_requests_before_escalation += after.requests_started - before.requests_started
+                lane.run.slow_prefill_before_escalation += (after.prompt_tokens - after.prefix_cache_hits) - (
+                    before.prompt_tokens - before.prefix_cache_hits)
+            lane.clock.advance(config.think_time_s)
+            lane.run.stats = lane.session.stats()
+        if all(lane.done for lane in lanes):
+            return
+        if console:
+            console.print(f"turn {len(lanes[0].run.rows)} done")
+        time.sleep(config.tool_latency_s)
+        messages = messages + agent.next_turn()
+
+
+def _servers(config: DemoConfig, server: Any, kv_events_config: Any = None) -> tuple[Any, Any]:
     """The two servers: random-weight models of the configured sizes, or the trained family's small and large."""
     if config.trained is None:
         return (server.from_size(config.fast_size, window=config.fast_window, model_id=f"agentkv-{config.fast_size}-fast"),
                 server.from_size(config.slow_size, window=config.slow_window, model_id=f"agentkv-{config.slow_size}-slow",
-                                 seed=1))
+                                 seed=1, kv_events_config=kv_events_config))
     from agentkv.local.family import FAMILY, ensure_family
 
     paths = ensure_family(config.trained, progress=True, only=FAMILY)  # trains small and large unless cached
     return (server.from_pretrained(paths.small, window=config.fast_window, model_id="agentkv-trained-small"),
-            server.from_pretrained(paths.large, window=config.slow_window, model_id="agentkv-trained-large"))
+            server.from_pretrained(paths.large, window=config.slow_window, model_id="agentkv-trained-large",
+                                   kv_events_config=kv_events_config))
 
 
 def _backends(fast: Any, slow: Any) -> tuple[Any, Any]:

@@ -11,7 +11,8 @@ Usage::
 
 from __future__ import annotations
 
+from agentkv.ledger.hit_rate import HitCounters, HitRateCheck
 from agentkv.ledger.ledger import CacheLedger, LedgerStats, RankedBlock, TenantScopeError
 from agentkv.ledger.tree import BlockTree
 
-__all__ = ["BlockTree", "CacheLedger", "LedgerStats", "RankedBlock", "TenantScopeError"]
+__all__ = ["BlockTree", "CacheLedger", "HitCounters", "HitRateCheck", "LedgerStats", "RankedBlock", "TenantScopeError"]

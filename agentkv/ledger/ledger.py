@@ -7,6 +7,9 @@ Usage::
     ledger.resident_tokens("big", token_ids, cache_salt)      # what a request would find cached
     ledger.eviction_ranking("big", tenant="acme")            # acme's blocks, coldest first
     ledger.eviction_ranking("big", as_vram_manager=True)     # every tenant's: the VRAM manager only
+    ledger.record("big", predicted, usage.cached_tokens, prompt_tokens=usage.prompt_tokens)
+    ledger.cross_check("big")                                # opens a window on the server's /metrics
+    check = ledger.cross_check("big")                        # that window: server hit rate beside the ledger's
     ledger.stop()
 """
 
@@ -17,8 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
+from agentkv._http import HttpTransport, default_http
 from agentkv.errors import AgentKVError, ConfigurationError
 from agentkv.events import emit
+from agentkv.ledger.hit_rate import HitCounters, HitRateCheck, compare, server_counters
 from agentkv.ledger.subscriber import EndpointSubscriber
 from agentkv.ledger.tree import BlockTree
 from agentkv.tenancy import salts_for_tenant, tenant_for_salt
@@ -60,18 +65,33 @@ class LedgerStats:
     exact_predictions: int = 0
     predicted_tokens: int = 0
     cached_tokens: int = 0
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Tokens found cached ÷ tokens queried, over the records that gave ``prompt_tokens``; None before one."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else None
 
 
 class CacheLedger:
     """Subscribes to every backend that declares ``kv_events``; one background thread per endpoint."""
 
     def __init__(self, backends: Iterable[Any], *, max_blocks_per_backend: int = 1 << 20,
-                 replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time,
+                 http: HttpTransport | None = None) -> None:
+        """``http``: the seam :meth:`cross_check` scrapes ``/metrics`` through (default: the process-wide one)."""
         self.clock = clock
+        self.http = http
+        self._roots: dict[str, str | None] = {}
+        # the last scrape that closed a window: its ticket, when, the server's counters and the ledger's
+        self._windows: dict[str, tuple[int, float, HitCounters, HitCounters]] = {}
+        self._tickets: dict[str, int] = {}  # scrapes begun per backend: a later ticket began later
         self._trees: dict[str, BlockTree] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._subscribers: dict[str, EndpointSubscriber] = {}
-        self._accuracy: dict[str, tuple[int, ...]] = {}  # predictions, exact ones, tokens predicted, tokens cached
+        # predictions, exact ones, tokens predicted, tokens cached, and tokens queried and hit (records with a prompt)
+        self._accuracy: dict[str, tuple[int, ...]] = {}
         for backend in backends:
             if getattr(backend, "kv_events", None) is None:
                 continue
@@ -80,7 +100,8 @@ class CacheLedger:
                 raise ConfigurationError(f"two backends named {name!r} publish KV events; name them apart")
             self._trees[name] = BlockTree(max_blocks=max_blocks_per_backend)
             self._locks[name] = threading.Lock()
-            self._accuracy[name] = (0, 0, 0, 0)
+            self._accuracy[name] = (0, 0, 0, 0, 0, 0)
+            self._roots[name] = getattr(backend, "server_root", None)
             self._subscribers[name] = EndpointSubscriber(
                 name, backend.kv_events, backend.kv_events_replay, self._trees[name], self._locks[name],
                 replay_timeout_s=replay_timeout_s)
@@ -116,11 +137,17 @@ class CacheLedger:
 
     # --- what is resident -------------------------------------------------------------------------
 
-    def resident_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
-        """How many leading tokens of this prompt a request with ``cache_salt`` would find cached, right now."""
+    def resident_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None, *,
+                        as_of: float | None = None) -> int:
+        """How many leading tokens of this prompt a request with ``cache_salt`` would find cached, right now.
+
+        ``as_of`` (a :attr:`clock` reading, e.g. when a request was sent): blocks stored after it are ignored, so a
+        prediction made after the send is not inflated by the blocks the request itself stored. Blocks evicted
+        since are gone from the tree either way (the answer can then fall short), and the comparison assumes the
+        publisher's clock agrees with :attr:`clock` (same host, or NTP-synchronised)."""
         name = self._name(backend)
         with self._locks[name]:
-            return self._trees[name].resident_tokens(token_ids, cache_salt)
+            return self._trees[name].resident_tokens(token_ids, cache_salt, as_of)
 
     def held_tokens(self, backend: Any, token_ids: Sequence[int], cache_salt: str | None) -> int:
         """How many leading tokens of ``token_ids`` the server holds in full blocks (for a warmed prefix)."""
@@ -128,12 +155,19 @@ class CacheLedger:
         with self._locks[name]:
             return self._trees[name].held_tokens(token_ids, cache_salt)
 
-    def record(self, backend: Any, predicted: int, actual: int) -> None:
-        """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`)."""
+    def record(self, backend: Any, predicted: int, actual: int, prompt_tokens: int = 0) -> None:
+        """Log one prediction against the ``cached_tokens`` the server then reported (see :meth:`stats`).
+
+        ``prompt_tokens`` (the response's ``usage.prompt_tokens``) makes the record count toward the hit rate:
+        ``actual`` tokens hit out of ``prompt_tokens`` queried, as the server's own counters count them. vLLM
+        leaves out of those counters a request that skips the cache lookup (``prompt_logprobs``, pooling): record
+        such a request without ``prompt_tokens``, or the cross-check shows a negative ``unrecorded_queries``.
+        """
         name = self._name(backend)
+        queried = (prompt_tokens, actual) if prompt_tokens > 0 else (0, 0)
         with self._locks[name]:
             self._accuracy[name] = tuple(a + b for a, b in zip(self._accuracy[name], (1, int(predicted == actual),
-                                                                                        predicted, actual)))
+                                                                                        predicted, actual, *queried)))
         if predicted != actual:
             emit("ledger.misprediction", backend=name, predicted=predicted, actual=actual)
 
@@ -169,11 +203,64 @@ class CacheLedger:
         return [RankedBlock(block_hash, tenant_for_salt(block.salt), block.depth, block.tokens, block.last_used)
                 for block_hash, block in ranked]
 
+    # --- the hit rate, cross-checked against the server's /metrics -------------------------------------
+
+    def cross_check(self, backend: Any, *, http: HttpTransport | None = None,
+                    timeout_s: float = 5.0) -> HitRateCheck | None:
+        """Scrape the server's ``/metrics``; the window since the previous scrape, server beside ledger.
+
+        The first call for a backend opens the window and returns None. The server's counters cover every
+        client, so only their change between two scrapes is set beside what :meth:`record` logged in between.
+        Calls may overlap (threads, tasks): a scrape that answers after one begun later returns None and leaves
+        the window alone. Never call it on a request path: it is one HTTP round trip. Raises
+        :class:`agentkv._http.HttpError`, or ValueError when the server exposes no prefix-cache counters (vLLM
+        with ``--disable-log-stats``).
+        """
+        name, url, ticket = self._begin_scrape(backend)
+        text = (http or self.http or default_http()).get_text(url, timeout_s=timeout_s)
+        return self._window(name, ticket, server_counters(text))
+
+    async def across_check(self, backend: Any, *, http: HttpTransport | None = None,
+                           timeout_s: float = 5.0) -> HitRateCheck | None:
+        """:meth:`cross_check` for async code (scrapes without blocking the event loop)."""
+        name, url, ticket = self._begin_scrape(backend)
+        text = await (http or self.http or default_http()).aget_text(url, timeout_s=timeout_s)
+        return self._window(name, ticket, server_counters(text))
+
+    def _begin_scrape(self, backend: Any) -> tuple[str, str, int]:
+        """The backend's name, its ``/metrics`` URL and this scrape's ticket (scrapes may overlap)."""
+        name = self._name(backend)
+        root = self._roots[name]
+        if root is None:
+            raise ConfigurationError(f"backend {name!r} has no api_base: its /metrics cannot be scraped")
+        with self._locks[name]:
+            ticket = self._tickets[name] = self._tickets.get(name, 0) + 1
+        return name, f"{root}/metrics", ticket
+
+    def _window(self, name: str, ticket: int, server: HitCounters) -> HitRateCheck | None:
+        """Close the window since the last scrape (if any) and open the next one here; None for the first scrape,
+        and for one overtaken by a scrape that began after it (its counters are older than the window's start)."""
+        now = self.clock()
+        with self._locks[name]:
+            previous = self._windows.get(name)
+            if previous is not None and previous[0] > ticket:
+                return None
+            ledger = HitCounters(*self._accuracy[name][4:6])
+            self._windows[name] = (ticket, now, server, ledger)
+        if previous is None:
+            return None
+        check = compare(name, previous[2], server, previous[3], ledger, window_s=now - previous[1])
+        emit("ledger.cross_check", backend=name, server_queries=check.server.queries, server_hits=check.server.hits,
+             ledger_queries=check.ledger.queries, ledger_hits=check.ledger.hits,
+             unrecorded_queries=check.unrecorded_queries, gap=check.gap, reset=check.reset)
+        return check
+
     # --- health -------------------------------------------------------------------------------------
 
     def stats(self) -> list[LedgerStats]:
-        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not, and how
-        :meth:`record`-ed predictions compared with the ``cached_tokens`` the server reported."""
+        """Per backend: blocks held, tokens they cover, batches applied, gaps seen, repaired and not, how
+        :meth:`record`-ed predictions compared with the ``cached_tokens`` the server reported, and the hit rate
+        (``hit_rate``: tokens hit ÷ tokens queried, process-wide; :meth:`cross_check` sets it beside the server's)."""
         out = []
         for name, tree in self._trees.items():
             sub = self._subscribers[name]
@@ -184,6 +271,16 @@ class CacheLedger:
             out.append(LedgerStats(name, blocks, tokens, sub.batches, sub.events, sub.gaps, sub.replayed,
                                    sub.unrepaired, tree.resets, tree.forgotten, sub.errors, *accuracy))
         return out
+
+    def block_size(self, backend: Any) -> int | None:
+        """``backend``'s block size as its events declare it (None before the first ``BlockStored``)."""
+        name = self._name(backend)
+        with self._locks[name]:
+            return self._trees[name].block_size
+
+    def follows(self, backend: Any) -> bool:
+        """True when this ledger follows ``backend`` (it declares a ``kv_events`` endpoint the ledger subscribed to)."""
+        return (backend if isinstance(backend, str) else backend.label) in self._trees
 
     def last_seq(self, backend: Any) -> int:
         """The last sequence number applied for ``backend`` (-1 before the first)."""

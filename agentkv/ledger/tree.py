@@ -40,6 +40,7 @@ class Block:
     depth: int
     salt: str | None
     last_used: float
+    stored_at: float = 0.0  # the publisher's clock when the block was stored (``as_of`` reads compare it)
 
 
 def _chunk(tokens: Sequence[int]) -> bytes | tuple[int, ...]:
@@ -130,7 +131,7 @@ class BlockTree:
                 continue  # the parent is unknown (forgotten or before a gap): this chain cannot be walked
             key = (parent, chunk, extra) if up is not None else ("root", chunk, extra)
             salt = up.salt if up is not None else _salt_of(extra, fields.get("lora_name"))
-            self._put(block_hash, Block(parent, key, size, up.depth + 1 if up else 0, salt, now))
+            self._put(block_hash, Block(parent, key, size, up.depth + 1 if up else 0, salt, now, now))
             parent = block_hash
         self._bound()
 
@@ -159,8 +160,9 @@ class BlockTree:
             self._by_key.pop(block.key, None)
             self.forgotten += 1
 
-    def chain(self, token_ids: Sequence[int], salt: str | None) -> Iterator[Hashable]:
-        """The resident blocks of ``token_ids``' leading full blocks under ``salt``, in order."""
+    def chain(self, token_ids: Sequence[int], salt: str | None, as_of: float | None = None) -> Iterator[Hashable]:
+        """The resident blocks of ``token_ids``' leading full blocks under ``salt``, in order (only those stored
+        at or before ``as_of``, when given: what a request sent then found)."""
         size = self.block_size
         if size is None:
             return
@@ -169,17 +171,19 @@ class BlockTree:
             chunk = _chunk(token_ids[start : start + size])
             key = ("root", chunk, (salt,) if salt else None) if parent is None else (parent, chunk, None)
             found = self._by_key.get(key)
-            if found is None:
+            if found is None or (as_of is not None and self.blocks[found].stored_at > as_of):
                 return
             yield found
             parent = found
 
-    def resident_tokens(self, token_ids: Sequence[int], salt: str | None) -> int:
+    def resident_tokens(self, token_ids: Sequence[int], salt: str | None, as_of: float | None = None) -> int:
         """Leading tokens of a prompt a request would find cached: full blocks within all but its last token.
 
         vLLM always computes a prompt's last token, so a hit stops one token short of the prompt's end.
+        ``as_of``: ignore blocks stored after that publisher time (a request sent then could not find them).
         """
-        return sum(1 for _ in self.chain(list(token_ids)[: max(0, len(token_ids) - 1)], salt)) * (self.block_size or 0)
+        head = list(token_ids)[: max(0, len(token_ids) - 1)]
+        return sum(1 for _ in self.chain(head, salt, as_of)) * (self.block_size or 0)
 
     def held_tokens(self, token_ids: Sequence[int], salt: str | None) -> int:
         """Leading tokens of ``token_ids`` held in full blocks (a warmed prefix: its last token counts too)."""

@@ -43,6 +43,9 @@ DEFAULT_PREFILL_CHUNK = 8192
 DEFAULT_DECODE_THREADS = 1
 """Decode steps are tiny matmuls: one thread is as fast as two on an idle 2-core machine and several times
 faster when other work (another engine's prefill, another process) competes for the cores."""
+DEFAULT_EVICTION_POLICY = "fair"
+"""Tenant-fair eviction: with one salt group (or none) it evicts exactly as LRU does, and with several it keeps one
+tenant's flood from evicting another tenant's hot prefix. ``"lru"`` is vLLM's own order, for comparison."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class _Sequence:
     trace: RequestTrace
     admitted: bool = False
     cache: Any = None
+    pins: tuple[int, list[bytes]] = (0, [])
     generated: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob | None] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -134,7 +138,12 @@ class LocalEngine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_threads: int | None = None,
         decode_threads: int | None = DEFAULT_DECODE_THREADS,
+        num_blocks: int | None = None,
+        eviction_policy: str = DEFAULT_EVICTION_POLICY,
     ) -> None:
+        """``num_blocks`` bounds the prefix cache in blocks as well as bytes (vLLM's ``--num-gpu-blocks-override``);
+        ``eviction_policy`` is ``"fair"`` (the salt group furthest over its fair share loses its coldest block
+        first) or ``"lru"`` (vLLM's order): see :mod:`agentkv.local.eviction`."""
         self.model = model
         self.codec: Codec = codec or TiktokenCodec()
         self.model_id = model_id
@@ -143,7 +152,8 @@ class LocalEngine:
         self.prefill_chunk = prefill_chunk
         self.prefill_threads = prefill_threads
         self.decode_threads = decode_threads
-        self.prefix_cache = PrefixCache(block_size=block_size, budget_bytes=cache_budget_bytes)
+        self.prefix_cache = PrefixCache(block_size=block_size, budget_bytes=cache_budget_bytes, num_blocks=num_blocks,
+                                        policy=eviction_policy)
         self._bias = logit_bias(self.codec, int(model.config.vocab_size))
         self._lock = FairLock()  # one turn on the model and the prefix cache at a time, first come first served
         self._stats_lock = threading.Lock()  # counters only, so metrics never wait for a request
@@ -281,7 +291,7 @@ class LocalEngine:
         if not prompt:
             raise ValueError("the prompt must contain at least one token")
         with self._lock:
-            _, cached, logits = self._prefill(prompt, cache_salt)
+            _, cached, logits, _ = self._prefill(prompt, cache_salt)
         return logits, cached
 
     def quiesce(self, timeout_s: float) -> bool:
@@ -342,7 +352,8 @@ class LocalEngine:
             state.admitted = True
             trace.scheduled = time.perf_counter()
             self._count(requests_started=1)
-            state.cache, trace.cached_tokens, logits = self._prefill(prompt, salt)
+            state.cache, trace.cached_tokens, logits, chain = self._prefill(prompt, salt)
+            state.pins = self.prefix_cache.pin(chain)  # in use until the request ends: never evicted meanwhile
             trace.prefill_tokens = len(prompt) - trace.cached_tokens
             if params.prompt_logprobs is not None:
                 state.prompt_logprobs = self._prompt_logprobs(prompt, params.prompt_logprobs)
@@ -404,7 +415,10 @@ class LocalEngine:
         state.finish = finish
         if state.admitted and state.cache is not None:
             with self._lock:
-                self._store(prompt + state.generated, state.cache, salt)
+                try:
+                    self._store(prompt + state.generated, state.cache, salt)
+                finally:
+                    self.prefix_cache.unpin(state.pins)  # evictable again, the prompt's tail colder than its head
         state.cache = None
         with self._stats_lock:
             if state.admitted:
@@ -417,8 +431,10 @@ class LocalEngine:
         for observer in list(self.observers):
             observer(trace)
 
-    def _prefill(self, prompt: list[int], salt: str | None) -> tuple[Any, int, torch.Tensor]:
-        """Restore the longest cached prefix (never the last token), prefill the rest, cache the prompt."""
+    def _prefill(self, prompt: list[int], salt: str | None) -> tuple[Any, int, torch.Tensor, list[bytes]]:
+        """Restore the longest cached prefix (never the last token), prefill the rest, cache the prompt.
+
+        Returns the KV, the tokens that came from the cache, the next-token logits and the prompt's block keys."""
         import torch
 
         reusable = (len(prompt) - 1) // self.block_size * self.block_size
@@ -427,9 +443,9 @@ class LocalEngine:
         with torch.inference_mode(), intra_op_threads(self.prefill_threads):
             cache = kv.cache_from_blocks(blocks, self.model.config)
             logits = self._forward(prompt[cached:], cache, cached)
-            self._store(prompt, cache, salt)
+            chain = self._store(prompt, cache, salt)
         self._count(prefix_cache_queries=len(prompt), prefix_cache_hits=cached)
-        return cache, cached, logits
+        return cache, cached, logits, chain
 
     def _forward(self, ids: list[int], cache: Any, start: int) -> torch.Tensor:
         """Feed ``ids`` at positions ``start..`` in chunks; the next-token logits ``[vocab]`` of the last one."""
@@ -447,15 +463,16 @@ class LocalEngine:
         assert logits is not None
         return logits
 
-    def _store(self, tokens: list[int], cache: Any, salt: str | None) -> None:
-        """Cache every full block of ``tokens`` whose KV ``cache`` holds and the prefix cache lacks."""
+    def _store(self, tokens: list[int], cache: Any, salt: str | None) -> list[bytes]:
+        """Cache every full block of ``tokens`` whose KV ``cache`` holds and the prefix cache lacks; their keys."""
         import torch
 
         held = tokens[: cache.get_seq_length()]
         keys, values = kv.layer_kv(cache)
+        chain = self.prefix_cache.hashes(held, salt)
         with torch.inference_mode():
-            self.prefix_cache.insert(self.prefix_cache.hashes(held, salt),
-                                     lambda i: kv.block_from_layers(keys, values, i, self.block_size))
+            self.prefix_cache.insert(chain, lambda i: kv.block_from_layers(keys, values, i, self.block_size))
+        return chain
 
     # --- KV access for handoff ------------------------------------------------------------------
 

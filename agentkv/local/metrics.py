@@ -172,5 +172,7 @@ class _EngineCollector:
                                  labels=["block_size", "cache_dtype", "enable_prefix_caching", "engine",
                                          "num_gpu_blocks", "prefix_caching_hash_algo"])
         blocks = stats.cache_budget_bytes // max(1, self.engine.kv_bytes_per_token * self.engine.block_size)
+        if self.engine.prefix_cache.num_blocks is not None:  # --num-gpu-blocks-override
+            blocks = min(blocks, self.engine.prefix_cache.num_blocks)
         info.add_metric([str(self.engine.block_size), "auto", "True", "0", str(blocks), "sha256"], 1.0)
         yield info

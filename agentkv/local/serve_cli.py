@@ -4,6 +4,7 @@ Usage::
 
     agentkv serve --size small --window 2048 --port 8001 --enable-prompt-tokens-details
     agentkv serve --model-path ./ckpt --served-model-name my-model --port 8002
+    agentkv serve --size tiny --num-gpu-blocks-override 256 --eviction-policy lru
 
 Runs until Ctrl-C or SIGTERM, then shuts down cleanly. torch and transformers are imported only in :func:`run`.
 """
@@ -15,6 +16,8 @@ import signal
 import threading
 from typing import Any
 
+from agentkv.local.eviction import EVICTION_POLICIES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` subcommand's options."""
@@ -25,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0 picks a free one)")
     parser.add_argument("--served-model-name", default=None, help="model id (default agentkv-SIZE)")
     parser.add_argument("--cache-budget-mb", type=int, default=512, help="prefix-cache budget in MiB")
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                        help="bound the prefix cache to this many blocks as well as the byte budget (as vLLM's flag)")
+    parser.add_argument("--eviction-policy", choices=EVICTION_POLICIES, default="fair",
+                        help="which cached blocks go when the pool is full: fair (default; the cache_salt furthest "
+                             "over its fair share loses its coldest block) or lru (vLLM's order)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed for a built model")
     parser.add_argument("--prefill-threads", type=int, default=None,
                         help="torch threads for prefill (default: torch's; 1 avoids oversubscription)")
@@ -45,6 +53,7 @@ def _server(args: argparse.Namespace) -> Any:
     from agentkv.local.server import LocalServer
 
     engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads,
+                     "num_blocks": args.num_gpu_blocks_override, "eviction_policy": args.eviction_policy,
                      "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
                      "max_logprobs": args.max_logprobs, "bound_json": not args.unbounded_json}
     if args.model_path:

@@ -13,7 +13,7 @@ _TOKENS = itertools.count()
 class InProcessStore:
     """Cooldowns in a :class:`CooldownMap`, slots in an :class:`InFlightLimit`, both process-wide
     unless given; claims are atomic under the map's lock. Windows stay in each
-    :class:`~agentkv.backends.WindowDiscovery`'s own cache (``read_window`` answers None)."""
+    :class:`~agentkv.discovery.WindowDiscovery`'s own cache (``read_window`` answers None)."""
 
     def __init__(self, cooldowns: CooldownMap | None = None, in_flight: InFlightLimit | None = None) -> None:
         self._cooldowns, self._in_flight = cooldowns, in_flight

@@ -21,11 +21,13 @@ is asked only when the caller's ``decides(low, high)`` says a decision could cha
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from agentkv._http import HttpTransport
 from agentkv.backends import Backend
 from agentkv.events import emit
+from agentkv.tokens.bound import EstimateBound, shared_bound
 from agentkv.tokens.breaker import CircuitBreaker
 from agentkv.tokens.encodings import DEFAULT_ENCODING
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource
@@ -39,13 +41,16 @@ __all__ = ["TokenCounter"]
 class TokenCounter:
     """Counts payloads for one backend, trying its sources best first and saying which answered."""
 
-    def __init__(self, sources: Sequence[TokenSource], *, backend_label: str = "", estimate_first: bool = True) -> None:
+    def __init__(self, sources: Sequence[TokenSource], *, backend_label: str = "", estimate_first: bool = True,
+                 bound: EstimateBound | None = None) -> None:
         if not sources:
             raise ValueError("a TokenCounter needs at least one source")
         self.sources = list(sources)
         self._label = backend_label
         self.estimate_first = estimate_first
         self.exact_asked = 0  # how often count_for asked past the estimate
+        # how far estimate intervals are widened, learned from exact counts outside them (see tokens.bound)
+        self.bound = bound if bound is not None else EstimateBound()
 
     @classmethod
     def for_backend(cls, backend: Backend, *, use_server: bool = True, http: HttpTransport | None = None,
@@ -62,11 +67,17 @@ class TokenCounter:
         if use_server and backend.server_root is not None:
             sources.append(ServerSource(backend, http=http, timeout_s=tokenize_timeout_s, breaker=breaker))
         sources += [_tiktoken_or_none(), CharSource()]
-        return cls([s for s in sources if s is not None], backend_label=backend.label, estimate_first=estimate_first)
+        return cls([s for s in sources if s is not None], backend_label=backend.label, estimate_first=estimate_first,
+                   bound=shared_bound(backend.server_root or backend.label))
 
     def estimate(self, payload: Payload) -> TokenCount:
-        """The best count the local sources give (exact from a declared template), with its interval."""
-        return _first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload, self._label)
+        """The best count the local sources give (exact from a declared template), with its interval (widened
+        by :attr:`bound` after exact counts fell outside earlier ones)."""
+        count = _first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload, self._label)
+        if count.exact or self.bound.factor == 1.0:
+            return count
+        low, high = self.bound.widened(*count.interval)
+        return replace(count, low=low, high=high)
 
     def count_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
         """The estimate when ``decides(low, high)`` says its interval is enough, else :meth:`count`."""
@@ -85,17 +96,19 @@ class TokenCounter:
         return self._checked(estimate, await self.acount(payload))
 
     def _checked(self, estimate: TokenCount, counted: TokenCount) -> TokenCount:
-        """Say so when an exact count falls outside the estimate's interval (the bound's assumption failed)."""
+        """When an exact count falls outside the estimate's interval (the bound's assumption failed), say so and
+        widen later intervals so that this count would have fallen inside (:class:`EstimateBound`)."""
         low, high = estimate.interval
-        if counted.exact and not low <= counted.total <= high:
+        if not estimate.exact and counted.exact and self.bound.observe(low, high, counted.total):
             emit("count_bound_exceeded", level="warning", backend=self._label, source=estimate.source,
-                 estimate=estimate.total, low=low, high=high, exact=counted.total)
+                 estimate=estimate.total, low=low, high=high, exact=counted.total,
+                 widened_by=round(self.bound.factor, 3), exhausted=self.bound.exhausted)
         return counted
 
     def _estimate_suffices(self, estimate: TokenCount, decides: Callable[[int, int], bool]) -> bool:
         if estimate.exact or not any(isinstance(s, ServerSource) and not s.unsupported for s in self.sources):
             return True
-        return self.estimate_first and decides(*estimate.interval)
+        return self.estimate_first and not self.bound.exhausted and decides(*estimate.interval)
 
     def count(self, payload: Payload) -> TokenCount:
         """The best count any source can give; a failing source is logged and skipped."""

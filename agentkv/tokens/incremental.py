@@ -30,7 +30,10 @@ class PrefixMemo(Generic[F]):
     per-message count, ...); after a divergence at message ``k`` only ``figures[:k]`` are kept.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, copy_context: bool = True) -> None:
+        # copy_context=False: the caller passes contexts it never mutates (snapshots), stored as given, so
+        # that the next request's identical snapshot compares by identity
+        self._copy_context = copy_context
         self._lock = threading.Lock()
         self._context: Any = None
         self._messages: list[Any] = []
@@ -40,13 +43,13 @@ class PrefixMemo(Generic[F]):
         """How many leading ``messages`` equal the previous request's, and their figures (0 and [] when
         the context changed)."""
         with self._lock:
-            if not self._messages or self._context != context:
+            stored = self._messages
+            if not stored or self._context != context:
                 return 0, []
-            k = 0
-            for stored, message in zip(self._messages, messages):
-                if stored is not message and stored != message:
-                    break
-                k += 1
+            n = min(len(stored), len(messages))
+            if stored[:n] == list(messages[:n]):  # the usual append: one comparison at C speed
+                return n, self._figures[:n]
+            k = next((i for i, (kept, message) in enumerate(zip(stored, messages)) if kept != message), n)
             return k, self._figures[:k]
 
     def store(self, context: Any, messages: Sequence[Any], kept: int, figures: Sequence[F]) -> None:
@@ -57,13 +60,31 @@ class PrefixMemo(Generic[F]):
         with self._lock:
             same_context = kept > 0 and self._context == context
             head = self._messages[:kept] if same_context else []
-            self._context = context if same_context else copy.deepcopy(context)
-            self._messages = head + [copy.deepcopy(m) for m in messages[len(head):]]
+            self._context = context if same_context or not self._copy_context else snapshot(context)
+            self._messages = head + [snapshot(m) for m in messages[len(head):]]
             self._figures = list(figures)
 
     def clear(self) -> None:
         with self._lock:
             self._context, self._messages, self._figures = None, [], []
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def snapshot(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (plain dicts and lists rebuilt, immutable leaves shared) at a fraction of
+    ``copy.deepcopy``'s cost; anything else is deep-copied."""
+    kind = type(value)
+    if kind is dict:
+        return {k: snapshot(v) for k, v in value.items()}
+    if kind is list:
+        return [snapshot(v) for v in value]
+    if kind is tuple:
+        return tuple(snapshot(v) for v in value)
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
 
 
 # Incremental counts are checked against a full rendering on the first turns of each template (and of
@@ -92,7 +113,8 @@ _STATE_LOCK = threading.Lock()
 class AppendCounter:
     """Exact counts of a chat rendering that render and tokenize only the messages a turn appended.
 
-    ``render(messages, context, add_generation_prompt)`` is the template; ``count_text`` tokenizes
+    ``render(messages, context, add_generation_prompt)`` is the template (``context`` is a snapshot the caller
+    never mutates: it is kept as given and compared by identity first); ``count_text`` tokenizes
     (and must count a concatenation cut at a newline before a non-space as the sum of its parts: the
     :class:`~agentkv.tokens.ChunkedEncoder` guarantee); ``template_key`` names the template and
     tokenizer for the once-per-template check. :meth:`count` returns None when it cannot count
@@ -111,7 +133,7 @@ class AppendCounter:
         self._lean = lean
         self._lean_anchor: str | None = None
         self.enabled = True
-        self._memo: PrefixMemo[int | None] = PrefixMemo()
+        self._memo: PrefixMemo[int | None] = PrefixMemo(copy_context=False)
         self._anchor: tuple[str, str, int] | None = None  # rendering of messages[:1], closing, its tokens
         self._turns = 0
         self._lock = threading.Lock()
@@ -126,7 +148,7 @@ class AppendCounter:
 
     def _count(self, messages: Sequence[Any], context: Any) -> int | None:
         k, figures = self._memo.common(context, messages)
-        base = max((i + 1 for i, f in enumerate(figures) if f is not None), default=0)
+        base = _last_known(figures)
         if base == 0 or self._anchor is None:
             return self._full(messages, context, k)
         prefix = figures[base - 1]
@@ -196,6 +218,14 @@ class AppendCounter:
         emit("incremental_count_disabled", level="warning", template=key[-17:], full=full, incremental=total)
         self._memo.clear()
         return False
+
+
+def _last_known(figures: Sequence[Any]) -> int:
+    """How many leading messages the last known figure covers (0 when none is known)."""
+    for i in range(len(figures) - 1, -1, -1):
+        if figures[i] is not None:
+            return i + 1
+    return 0
 
 
 def _joins(left: str, right: str) -> bool:

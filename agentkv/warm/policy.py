@@ -26,6 +26,16 @@ class WarmAheadPolicy:
     ``threshold`` is a fraction of the fast window (0.6: at 0.9 the warm arrives too late);
     ``cooldown_s`` bounds warms to one per (tenant, session) per period; ``max_sessions`` bounds the
     cooldown map; ``max_in_flight`` bounds concurrent warms per process; ``timeout_s`` bounds each warm.
+    ``top_up_tokens`` (event-aware mode only, a Session with a ``ledger``): once the slow server's cached
+    prefix of the conversation trails the prompt by this many tokens, a top-up warm is sent inside the
+    cooldown (it prefills only that tail); a resident prefix trailing by less is not warmed again.
+
+    The break-even gate (off by default; :mod:`agentkv.warm.economics`): with ``break_even=True`` a warm
+    (a re-warm or top-up too) goes out only when the conversation's growth over its last ``growth_turns``
+    requests predicts it will cross the route boundary within ``cache_lifetime_s``, the time the slow server's
+    prefix cache keeps a block (see docs/warm-ahead.md, "Warm economics", for how to measure it).
+
+        WarmAheadPolicy(break_even=True, cache_lifetime_s=600, growth_turns=6)
     """
 
     threshold: float = 0.6
@@ -34,6 +44,7 @@ class WarmAheadPolicy:
     max_in_flight: int = 4
     timeout_s: float = 30.0
     enabled: bool = True
+    top_up_tokens: int = 1024
     break_even: bool = False
     cache_lifetime_s: float = 600.0
     growth_turns: int = 6
@@ -44,7 +55,7 @@ class WarmAheadPolicy:
         for name in ("cooldown_s", "timeout_s", "cache_lifetime_s"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"WarmAheadPolicy.{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("max_sessions", "max_in_flight"):
+        for name in ("max_sessions", "max_in_flight", "top_up_tokens"):
             check_positive_int("WarmAheadPolicy", name, getattr(self, name))
         if isinstance(self.growth_turns, bool) or not isinstance(self.growth_turns, int) or self.growth_turns < 2:
             raise ConfigurationError(f"WarmAheadPolicy.growth_turns must be an int >= 2, got {self.growth_turns!r}")

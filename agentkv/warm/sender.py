@@ -26,12 +26,16 @@ from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
+from agentkv.warm.aware import SlowResidency
 from agentkv.warm.economics import TurnSample
+from agentkv.warm.events import SENDS, EventOutcome
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
 
 __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
 
 _COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even")
+_EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
+                   "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
 
 
@@ -129,6 +133,17 @@ class WarmAhead:
         self.warmed: Payload | None = None
         self._clock = clock
         self.turns: collections.deque[TurnSample] = collections.deque(maxlen=policy.growth_turns)
+        self.residency: SlowResidency | None = None
+        self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
+        self._events_claimed = 0
+
+    def attach(self, residency: SlowResidency) -> None:
+        """Make this session's warms event-aware: each is decided in its job from what the slow server holds."""
+        self.residency = residency
+
+    def wants_send(self, outcome: str) -> bool:
+        """Whether the driver should build a warm for this outcome ("fire", or an event-aware check)."""
+        return outcome == "fire" or self._pending is not None
 
     def _decide(self, inputs: dict[str, Any]) -> WarmDecision:
         """Record this request's sample, then ask the pure decision (history included)."""
@@ -169,6 +184,12 @@ class WarmAhead:
     def _counted(self, outcome: str, payload: Payload, inputs: dict[str, Any]) -> str:
         if outcome in _COUNTED_SKIPS:
             self._stats.add(f"warm_skipped_{outcome}")
+        self._pending = None
+        if self.residency is not None and outcome in ("fire", "cooldown"):
+            owns = self.residency.busy.acquire(blocking=False)
+            if owns or outcome == "fire":  # a claimed warm is always decided; a check only when none runs
+                self._pending = (payload, outcome == "fire", owns)
+            return outcome  # counted by the job, once it knows what the slow server holds
         if outcome == "fire":
             self._stats.add("warm_fired")
             self.warmed = payload
@@ -182,6 +203,9 @@ class WarmAhead:
     def abandon(self, exc: BaseException) -> None:
         """A claimed warm that could not be built: free its slot and count the failure."""
         self._release(self._take_lease())
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[2] and self.residency is not None:
+            self.residency.busy.release()
         self._failed(exc)
 
     def _release(self, lease: Lease | None) -> None:
@@ -218,6 +242,10 @@ class WarmAhead:
 
     def _on_thread(self, send: Callable[[], Any]) -> None:
         lease = self._take_lease()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._jobs.thread(lambda: self._checked(send, lease, *pending))
+            return
 
         def job() -> None:
             try:
@@ -232,6 +260,10 @@ class WarmAhead:
 
     def _as_task(self, send: Callable[[], Awaitable[Any]]) -> None:
         lease = self._take_lease()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._jobs.task(self._achecked(send, lease, *pending), self.policy.timeout_s + 2 + 2 * self._settle_s())
+            return
 
         async def job() -> None:
             try:
@@ -243,6 +275,93 @@ class WarmAhead:
                 await self._arelease(lease)
 
         self._jobs.task(job(), self.policy.timeout_s + 1.0)
+
+    # --- event-aware: decide in the job from what the slow server holds, then send or skip -------------
+
+    def _settle_s(self) -> float:
+        return self.residency.settle_s if self.residency is not None else 0.0
+
+    def _checked(self, send: Callable[[], Any], lease: Lease | None, payload: Payload, claimed: bool,
+                 owns: bool) -> None:
+        """A worker thread's event-aware warm: the slow server's ids, the ledger, the decision, the send."""
+        residency = self.residency
+        assert residency is not None
+        try:
+            ids, exact = residency.counter.token_ids(payload)
+            outcome = self._judged(residency.outcome(ids, exact, claimed=claimed, policy=self.policy), ids)
+            if outcome in SENDS and not claimed:
+                lease = self._event_lease(*self._try_claim(self._store.claim))
+            if outcome in SENDS and (claimed or lease is not None):
+                send()
+                self._sent(outcome, payload)
+                residency.settle(ids)
+        except Exception as exc:  # a warm never raises into anyone
+            self._failed(exc)
+        finally:
+            self._release(lease)
+            if owns:
+                residency.busy.release()
+
+    async def _achecked(self, send: Callable[[], Awaitable[Any]], lease: Lease | None, payload: Payload,
+                        claimed: bool, owns: bool) -> None:
+        """The async twin of :meth:`_checked` (``/tokenize`` and the claim are awaited)."""
+        residency = self.residency
+        assert residency is not None
+        try:
+            ids, exact = await residency.counter.atoken_ids(payload)
+            outcome = self._judged(residency.outcome(ids, exact, claimed=claimed, policy=self.policy), ids)
+            if outcome in SENDS and not claimed:
+                lease = self._event_lease(*await self._atry_claim())
+            if outcome in SENDS and (claimed or lease is not None):
+                await send()
+                self._sent(outcome, payload)
+                await residency.asettle(ids)
+        except Exception as exc:  # a warm never raises into anyone
+            self._failed(exc)
+        finally:
+            await self._arelease(lease)
+            if owns:
+                residency.busy.release()
+
+    def _judged(self, outcome: EventOutcome, ids: list[int]) -> EventOutcome:
+        """Count a skip (and take a resident prompt as this session's warmed prefix)."""
+        if outcome == "skip_resident":
+            self._stats.add("warm_skipped_resident")
+            assert self.residency is not None
+            self.residency.remember(ids)
+        return outcome
+
+    def _event_claim(self) -> WarmClaim:
+        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own ``#event`` namespace (so its short
+        marker never shortens, crowds or expires the tenant's cooldowns) and a key of its own (the session's one
+        check at a time, :attr:`SlowResidency.busy`, is what spaces them)."""
+        p = self.policy
+        self._events_claimed += 1
+        return WarmClaim(f"{self._tenant or ''}#event", f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
+                         p.max_sessions, p.max_in_flight, lease_s=p.timeout_s + 1.0)
+
+    def _try_claim(self, claim: Callable[[WarmClaim], tuple[str, Lease | None]]) -> tuple[str, Lease | None]:
+        try:
+            return claim(self._event_claim())
+        except StateUnavailable:
+            return "state_unavailable", None
+
+    async def _atry_claim(self) -> tuple[str, Lease | None]:
+        try:
+            return await self._store.aclaim(self._event_claim())
+        except StateUnavailable:
+            return "state_unavailable", None
+
+    def _event_lease(self, outcome: str, lease: Lease | None) -> Lease | None:
+        if outcome in ("saturated", "state_unavailable"):
+            self._stats.add(f"warm_skipped_{outcome}")
+        return lease
+
+    def _sent(self, outcome: EventOutcome, payload: Payload) -> None:
+        self._stats.add(_EVENT_COUNTERS[outcome])
+        self._stats.add("warm_completed")
+        self.warmed = payload
+        emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant)
 
     def _failed(self, exc: BaseException) -> None:
         self._stats.add("warm_failed")

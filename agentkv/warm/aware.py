@@ -1,0 +1,91 @@
+"""One Session's view of the slow server's prefix cache, for event-aware warm-ahead (reads only, no sends).
+
+:class:`SlowResidency` is handed the ledger, the slow backend, the tenant's salt and the slow backend's token
+counter. Its methods run in a warm's background job, never on a request path: they turn a prompt into the
+slow server's token ids (its ``/tokenize``, or a template declared for it), read the ledger into a
+:class:`~agentkv.warm.events.Residency`, and remember the prefix this session last warmed.
+
+    residency = SlowResidency(ledger, slow, cache_salt, counters[slow.label])
+    ids, exact = residency.counter.token_ids(payload)
+    outcome = residency.outcome(ids, exact, claimed=True, policy=policy)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from agentkv.backends import Backend
+from agentkv.events import emit
+from agentkv.tokens import TokenCounter
+from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
+from agentkv.warm.policy import WarmAheadPolicy
+
+if TYPE_CHECKING:
+    from agentkv.ledger import CacheLedger
+
+__all__ = ["SlowResidency"]
+
+_POLL_S = 0.01
+
+
+class SlowResidency:
+    """What the slow server holds of one session's conversation, read from a ledger that follows it.
+
+    ``busy`` is held while one of the session's event-aware jobs runs, so a burst of requests starts one
+    check, not one per request. ``settle_s`` bounds the wait, after a warm, for the ledger to show its blocks
+    (the events trail the response by milliseconds; the wait happens in the warm's job).
+    """
+
+    def __init__(self, ledger: CacheLedger, backend: Backend, cache_salt: str | None, counter: TokenCounter, *,
+                 settle_s: float = 2.0) -> None:
+        self.ledger, self.backend, self.cache_salt, self.counter = ledger, backend, cache_salt, counter
+        self.settle_s = settle_s
+        self.busy = threading.Lock()
+        self._lock = threading.Lock()
+        self._warmed: tuple[list[int], int] | None = None  # the warmed prefix's ids, and how much of it was held
+
+    def held(self, ids: Sequence[int]) -> int:
+        """Leading tokens of ``ids`` the slow server holds for this salt (full blocks), right now."""
+        return self.ledger.held_tokens(self.backend, ids, self.cache_salt)
+
+    def residency(self, ids: Sequence[int]) -> Residency:
+        """The ledger's numbers for a prompt of ``ids`` and for the prefix this session last warmed."""
+        with self._lock:
+            warmed = self._warmed
+        if warmed is None:
+            return Residency(len(ids), self.held(ids))
+        return Residency(len(ids), self.held(ids), warmed[1], self.held(warmed[0]))
+
+    def outcome(self, ids: Sequence[int], exact: bool, *, claimed: bool, policy: WarmAheadPolicy) -> EventOutcome:
+        """The event-aware outcome; without the server's exact ids, or before the ledger has seen any block from
+        the server (no events arriving), the plain guards decide (fire if claimed)."""
+        if not exact or self.ledger.block_size(self.backend) is None:
+            emit("warm_residency_unknown", level="debug", backend=self.backend.label, tokens=len(ids))
+            return "fire" if claimed else "cooldown"
+        return decide_event_warm(self.residency(ids), claimed=claimed, policy=policy)
+
+    def remember(self, ids: list[int]) -> None:
+        """``ids`` is now the session's warmed prefix, held as far as the ledger shows right now."""
+        with self._lock:
+            self._warmed = (ids, self.held(ids))
+
+    def _settled(self, ids: Sequence[int]) -> bool:
+        size = self.ledger.block_size(self.backend)
+        return size is not None and self.held(ids) >= len(ids) // size * size
+
+    def settle(self, ids: list[int]) -> None:
+        """Wait (up to ``settle_s``, in a worker thread) for the ledger to show a sent warm's blocks, then remember."""
+        deadline = time.monotonic() + self.settle_s
+        while not self._settled(ids) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        self.remember(ids)
+
+    async def asettle(self, ids: list[int]) -> None:
+        """The async twin of :meth:`settle` (the wait is ``asyncio.sleep``)."""
+        deadline = time.monotonic() + self.settle_s
+        while not self._settled(ids) and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+        self.remember(ids)

@@ -1,0 +1,246 @@
+"""Event-aware warm-ahead and the ledger's predictions, against embedded servers that publish KV events."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from agentkv import Backend, Session, WarmAheadPolicy, WindowDiscovery
+from agentkv.errors import ConfigurationError
+from agentkv.warm import CooldownMap, InFlightLimit
+from agentkv.warm.events import Residency, decide_event_warm
+
+SYSTEM = "You are a careful agent. Read every file in full before you change anything, and say why. "
+POLICY = WarmAheadPolicy(top_up_tokens=256)
+
+
+# --- the pure decision ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("held, outcome", [(0, "fire"), (700, "fire"), (1000 - 256, "fire"),
+                                           (1000 - 255, "skip_resident"), (992, "skip_resident")])
+def test_a_claimed_warm_is_skipped_only_when_the_server_holds_all_but_a_short_tail(held, outcome):
+    """A claimed warm fires unless the server holds the prompt but for less than top_up_tokens."""
+    assert decide_event_warm(Residency(1000, held), claimed=True, policy=POLICY) == outcome
+
+
+@pytest.mark.parametrize("residency, outcome", [
+    (Residency(1000, 992), "cooldown"),                      # nothing warmed by this session
+    (Residency(1000, 512, 512, 512), "top_up"),             # resident, tail 488 >= 256
+    (Residency(1000, 800, 512, 512), "cooldown"),           # resident, tail 200 < 256
+    (Residency(1000, 0, 0, 0), "cooldown"),                 # its warm never showed in the ledger: no baseline
+    (Residency(1000, 0, 512, 0), "rewarm_evicted"),         # the warmed prefix is gone
+    (Residency(1000, 256, 512, 256), "rewarm_evicted"),     # part of it is gone
+])
+def test_inside_the_cooldown_only_an_eviction_or_a_long_tail_sends(residency, outcome):
+    """Inside the cooldown: re-warm when the warmed prefix lost blocks, top up past top_up_tokens, else nothing."""
+    assert decide_event_warm(residency, claimed=False, policy=POLICY) == outcome
+
+
+def test_top_up_tokens_is_validated():
+    """top_up_tokens must be a positive integer."""
+    with pytest.raises(ConfigurationError):
+        WarmAheadPolicy(top_up_tokens=0)
+    assert WarmAheadPolicy().top_up_tokens == 1024
+
+
+# --- against the servers -------------------------------------------------------------------------------------
+
+pytest.importorskip("torch")
+pytest.importorskip("zmq")
+httpx = pytest.importorskip("httpx")
+
+
+@pytest.fixture(scope="module")
+def rig():
+    """fast (2048-token window) and slow (16384, publishing KV events), and a ledger following slow."""
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.server import LocalServer
+
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    fast = LocalServer.from_size("tiny", window=2048, model_id="ev-fast")
+    slow = LocalServer.from_size("tiny", window=16384, model_id="ev-slow", seed=1, kv_events_config=events)
+    with fast, slow:
+        backends = (Backend(f"hosted_vllm/{fast.model_id}", api_base=fast.api_base, name="fast"),
+                    Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow",
+                            kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint))
+        with CacheLedger([backends[1]]) as ledger:
+            yield {"fast": fast, "slow": slow, "backends": backends, "ledger": ledger}
+
+
+def session(rig, tenant, *, policy=POLICY, session_id=None, template=False):
+    fast, slow = rig["backends"]
+    if template:  # the slow server's tokenizer and chat template declared: ids without /tokenize
+        slow = rig["slow"].backend(name="slow", kv_events=slow.kv_events, kv_events_replay=slow.kv_events_replay)
+    return Session(fast, slow, tenant=tenant, session_id=session_id or str(uuid.uuid4()), warm_ahead=policy,
+                   cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
+                   in_flight=InFlightLimit(4), ledger=rig["ledger"])
+
+
+def turns(n, words=30):
+    """A conversation whose first prompt crosses 60% of fast's window and grows by about ``words`` words a turn."""
+    messages = [{"role": "system", "content": SYSTEM * 61}, {"role": "user", "content": "Start."}]
+    history = [messages]
+    for i in range(n):
+        messages = messages + [{"role": "assistant", "content": f"Done step {i}."},
+                               {"role": "user", "content": f"Step {i}: " + "read the next file carefully " * (words // 5)}]
+        history.append(messages)
+    return history
+
+
+def warm_bodies(rig):
+    return [r.body for r in rig["slow"].requests if r.path == "/v1/chat/completions" and r.body.get("max_tokens") == 1]
+
+
+def slow_ids(rig, messages):
+    body = {"model": rig["slow"].model_id, "messages": messages, "add_generation_prompt": True}
+    return list(httpx.post(f"{rig['slow'].base_url}/tokenize", json=body, timeout=30).json()["tokens"])
+
+
+def turn(s, messages):
+    s.completion(messages=messages, max_tokens=2)
+    assert s.drain_warms(60)
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["tokenize", "template"])
+def test_a_warm_is_skipped_when_the_slow_server_already_holds_the_prefix(rig, template):
+    """A second session of the same tenant on a prompt the first one warmed skips its warm; another tenant fires."""
+    history, a, b = turns(1), f"skip-a-{template}", f"skip-b-{template}"
+    first, second, other = (session(rig, tenant, template=template) for tenant in (a, a, b))
+    tokenized = sum(r.path == "/tokenize" for r in rig["slow"].requests)
+    turn(first, history[1])
+    assert first.ledger[-1].warm == "fire"
+    assert (first.stats()["warm_fired"], first.stats()["warm_skipped_resident"]) == (1, 0)
+    before = len(warm_bodies(rig))
+    turn(second, history[1])
+    assert (second.stats()["warm_fired"], second.stats()["warm_skipped_resident"]) == (0, 1)
+    assert len(warm_bodies(rig)) == before  # nothing was sent
+    turn(other, history[1])  # another salt: nothing resident for it
+    assert (other.stats()["warm_fired"], other.stats()["warm_skipped_resident"]) == (1, 0)
+    assert len(warm_bodies(rig)) == before + 1
+    asked = sum(r.path == "/tokenize" for r in rig["slow"].requests) - tokenized
+    assert (asked == 0) if template else (asked >= 3)  # each session's check asked slow once, unless declared
+
+
+def test_an_evicted_warm_is_rewarmed_inside_the_cooldown_and_a_resident_one_is_not(rig):
+    """While the warmed prefix is resident, the cooldown holds; once the server drops it, the next turn re-warms."""
+    history = turns(3, words=5)
+    s = session(rig, "rewarm", policy=WarmAheadPolicy(top_up_tokens=4096))
+    turn(s, history[1])
+    turn(s, history[2])  # in the cooldown, prefix resident: nothing
+    stats = s.stats()
+    assert (stats["warm_fired"], stats["warm_rewarm_evicted"], stats["warm_skipped_cooldown"]) == (1, 0, 1)
+    rig["slow"].engine.reset_prefix_cache()  # the server drops every block (AllBlocksCleared)
+    deadline = time.monotonic() + 10
+    while rig["ledger"].blocks(rig["backends"][1]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sent = len(warm_bodies(rig))
+    turn(s, history[3])  # still in the cooldown
+    stats = s.stats()
+    assert (stats["warm_fired"], stats["warm_rewarm_evicted"], stats["warm_skipped_cooldown"]) == (1, 1, 2)
+    assert len(warm_bodies(rig)) == sent + 1 and warm_bodies(rig)[-1]["messages"] == history[3]
+
+
+def test_a_top_up_fires_once_the_unwarmed_tail_passes_top_up_tokens_and_not_before(rig):
+    """Each turn in the cooldown tops up exactly when the slow server's cached prefix trails by top_up_tokens."""
+    history, policy = turns(7, words=40), WarmAheadPolicy(top_up_tokens=128)
+    s = session(rig, "top-up", policy=policy)
+    turn(s, history[1])
+    assert s.stats()["warm_fired"] == 1
+    below = above = 0
+    for messages in history[2:]:
+        ids = slow_ids(rig, messages)
+        tail = len(ids) - rig["ledger"].held_tokens(rig["backends"][1], ids, s.cache_salt)
+        topped = s.stats()["warm_top_up"]
+        turn(s, messages)
+        fired = s.stats()["warm_top_up"] - topped
+        assert fired == int(tail >= policy.top_up_tokens), (tail, fired)
+        below, above = below + (not fired), above + fired
+        if fired:
+            assert warm_bodies(rig)[-1]["messages"] == messages
+    assert below >= 1 and above >= 2  # both sides were exercised, and a top-up follows a top-up
+    assert s.stats()["warm_rewarm_evicted"] == 0
+
+
+def test_the_async_driver_tops_up_too(rig):
+    """acompletion's warms are decided in a task: the same skip and top-up outcomes, over async HTTP."""
+    history = turns(7, words=40)
+
+    async def main():
+        s = session(rig, "async-top-up")
+        for messages in history[1:]:
+            await s.acompletion(messages=messages, max_tokens=2)
+            await s.adrain_warms(60)
+        return s.stats()
+
+    stats = asyncio.run(main())
+    assert stats["warm_fired"] == 1 and stats["warm_top_up"] >= 1 and stats["warm_failed"] == 0
+
+
+def test_the_ledger_predicts_the_cached_tokens_each_slow_request_reports(rig):
+    """Requests routed to slow record the ledger's prediction as of the send; it equals the reported cached tokens."""
+    history = [[{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Start."}]]
+    for i in range(2):
+        history.append(history[-1] + [{"role": "assistant", "content": f"ok {i}"},
+                                      {"role": "user", "content": f"Next {i}: " + "look again " * 20}])
+    s, other = session(rig, "predict-a"), session(rig, "predict-b")
+    ledger, slow = rig["ledger"], rig["backends"][1]
+    before = next(row for row in ledger.stats() if row.backend == slow.label)
+    for messages in history:
+        turn(s, messages)
+        assert s.last_route.role == "slow"
+    turn(other, history[-1])
+    stats = s.stats()
+    # the ledger's process-wide hit rate counts each prompt's length in slow's tokens, and the cached tokens
+    after = next(row for row in ledger.stats() if row.backend == slow.label)
+    queried = sum(len(slow_ids(rig, messages)) for messages in history + [history[-1]])
+    assert (after.queried_tokens - before.queried_tokens, after.hit_tokens - before.hit_tokens) == (
+        queried, stats["cached_tokens_total"])
+    assert stats["ledger_predictions"] == 3 == stats["ledger_predictions_exact"]
+    assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] == stats["cached_tokens_total"] > 0
+    assert (other.stats()["ledger_predictions_exact"], other.stats()["ledger_reported_tokens"]) == (1, 0)
+    # read now instead of as of the send, the ledger also sees the blocks the last request stored itself
+    ids = slow_ids(rig, history[-1])
+    assert ledger.resident_tokens(rig["backends"][1], ids, s.cache_salt) > s.ledger[-1].cached_tokens
+
+
+def test_a_streamed_slow_request_is_predicted_when_its_usage_arrives(rig):
+    """With a stream, the reported cached tokens come with the last chunk; the prediction still meets them."""
+    messages = [{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Stream it."}]
+    s = session(rig, "predict-stream")
+    for _ in range(2):
+        for _chunk in s.completion(messages=messages, max_tokens=2, stream=True, stream_options={"include_usage": True}):
+            pass
+        assert s.drain_warms(60) and s.last_route.role == "slow"
+    stats = s.stats()
+    assert stats["ledger_predictions"] == 2 == stats["ledger_predictions_exact"]
+    assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] == s.ledger[-1].cached_tokens > 0
+
+
+async def test_the_async_event_aware_path_makes_no_sync_http_call():
+    """acompletion with a ledger: the warm's /tokenize to slow and its send are async; a silent ledger leaves the
+    decision to the cooldown (one warm, no top-ups)."""
+    from test_http_seam import SLOW, Answers, make_session, turns as seam_turns, vllm_like
+
+    from agentkv.ledger import CacheLedger
+    from agentkv.testing import FakeHttp
+
+    http = FakeHttp(vllm_like)
+    plain = make_session(http, True)
+    silent = Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", window=16384, kv_events="tcp://127.0.0.1:9")
+    with CacheLedger([silent]) as ledger:  # nothing publishes there: the ledger never sees a block
+        s = Session(plain.fast, silent, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
+                    cooldowns=CooldownMap(), in_flight=InFlightLimit(4), tenant="t", cache_salt_secret="k",
+                    warm_ahead=WarmAheadPolicy(top_up_tokens=64), ledger=ledger)
+        for messages in seam_turns(30):
+            await s.acompletion(messages=messages, max_tokens=8)
+            await s.adrain_warms(10)
+            if s.last_route.role == "slow":
+                break
+    stats = s.stats()
+    assert s.last_route.role == "slow" and stats["warm_fired"] == 1 and stats["warm_top_up"] == 0
+    assert stats["warm_skipped_cooldown"] >= 1 and stats["ledger_predictions"] == 1
+    assert any(c.url == f"{SLOW.removesuffix('/v1')}/tokenize" for c in http.calls)
+    assert http.blocking_calls == [] and all(c.asynchronous for c in http.calls)
