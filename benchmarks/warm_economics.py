@@ -154,12 +154,19 @@ def event_policy(args: argparse.Namespace) -> WarmAheadPolicy:
     return WarmAheadPolicy(**({"top_up_tokens": args.top_up_tokens} if has_top_up else {}))
 
 
+def eviction(args: argparse.Namespace) -> dict[str, str]:
+    """The slow engine's eviction order (vLLM's LRU by default), on builds whose engine has a choice."""
+    from agentkv.local.engine import LocalEngine
+
+    return {"eviction_policy": args.eviction} if "eviction_policy" in inspect.signature(LocalEngine).parameters else {}
+
+
 def start_servers(args: argparse.Namespace, kv_events: bool) -> tuple[LocalServer, LocalServer]:
     config = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*",
               "replay_endpoint": "tcp://127.0.0.1:*"} if kv_events else None
     fast = LocalServer.from_size(args.fast_size, window=args.fast_window, model_id="econ-fast")
     slow = LocalServer.from_size(args.slow_size, window=args.slow_window, model_id="econ-slow", seed=1,
-                                 kv_events_config=config)
+                                 kv_events_config=config, **eviction(args))
     return fast, slow
 
 
@@ -373,6 +380,7 @@ def parse() -> argparse.Namespace:
     add("--cache-tokens", type=int, default=8192, help="the slow server's prefix cache, in tokens")
     add("--lifetime-s", type=float, default=None,
         help="the gate's cache_lifetime_s (default: measured from the cooldown-only run's eviction rate)")
+    add("--eviction", default="lru", help="the slow engine's eviction order: lru (vLLM's) or fair (per tenant)")
     add("--top-up-tokens", type=int, default=256, help="event-aware mode: WarmAheadPolicy.top_up_tokens")
     add("--gate-lifetimes", type=float, nargs="*", default=[],
         help="extra rows: the gate with these cache_lifetime_s settings (its sensitivity)")
@@ -393,7 +401,7 @@ def main() -> None:
     aware = event_aware_available()
     print(f"{args.sessions} sessions (seed {args.seed}): turns {sorted(p.turns for p in plans)}")
     print(f"fast {args.fast_size}/{args.fast_window}, slow {args.slow_size}/{args.slow_window}, "
-          f"slow prefix cache {args.cache_tokens} tokens; every mode on its own pair of servers")
+          f"slow prefix cache {args.cache_tokens} tokens ({args.eviction}); every mode on its own pair of servers")
     started = time.perf_counter()
     calibration = play([Mode("calibration", WarmAheadPolicy(), args, FakeClock(0.0))], plans)[0]
     held, by_rate = observed_lifetime_s(calibration, args.cache_tokens)
