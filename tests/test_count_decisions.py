@@ -218,3 +218,18 @@ def test_the_estimate_bound_widens_within_its_limit_and_then_gives_up():
     assert bound.widened(100, 200) == (60, 330) and not bound.exhausted
     assert bound.observe(60, 330, 40) and bound.factor == pytest.approx(1.65 * 1.5 * 1.1) and not bound.exhausted
     assert bound.observe(10, 20, 200) and bound.factor == 4.0 and bound.exhausted
+
+
+def test_the_estimate_bound_is_learned_per_server_and_model():
+    """Widening learned on one model does not widen another model behind the same URL (or with the same label),
+    and only ever grows: a later in-bound count never narrows it."""
+    from agentkv.tokens import TokenCounter
+
+    def counter(model, name=None):
+        return TokenCounter.for_backend(Backend(model, api_base="http://127.0.0.1:9/v1", name=name, window=4096))
+
+    wide, other, same = counter("hosted_vllm/bound-a", "b"), counter("hosted_vllm/bound-b", "b"), counter("hosted_vllm/bound-a")
+    assert wide.bound is same.bound and wide.bound is not other.bound
+    assert wide.bound.observe(100, 200, 300) and other.bound.factor == 1.0
+    grown = wide.bound.factor
+    assert not wide.bound.observe(*wide.bound.widened(100, 200), 150) and wide.bound.factor == grown

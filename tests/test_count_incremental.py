@@ -121,7 +121,7 @@ def test_split_lines_cuts_exactly_where_the_chunk_boundary_regex_cuts():
     from agentkv.tokens.sources import _CHUNK_BOUNDARY, split_lines
 
     rng = random.Random(14)
-    alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t "]
+    alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t ", "/", "\n/"]
     for _ in range(20_000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14)))
         lines, rest = split_lines(text)
@@ -173,7 +173,88 @@ def test_a_tokenizer_whose_words_do_not_add_up_is_counted_without_word_cuts():
     def runs(text):
         return re.findall(r"[^\n]+|\n", text)
 
-    encoder = ChunkedEncoder(runs)
+    encoder = ChunkedEncoder(runs, cuts="words")  # declared wrongly: the first text shows it
     texts = ['{\n  "id": "inc-1",\n  "host": "node-4"\n}\n', '  "id": "inc-2",\n  "host": "node-9"\n', "a b\n\nc d e\n"]
     assert [encoder.count(t) for t in texts] == [len(runs(t)) for t in texts]
     assert encoder.splits_exactly and not encoder._word_cuts
+
+
+def test_prefix_memo_tells_numbers_of_another_kind_apart():
+    """1, 1.0 and True are == in Python but render differently: the memo treats a message or a context whose
+    number changed kind (in place) as changed."""
+    memo: PrefixMemo[int] = PrefixMemo()
+    msgs = [{"role": "user", "content": "a"}, {"role": "tool", "content": "r", "n": 1}, {"role": "user", "content": "b"}]
+    ctx = {"default": 1, "flag": True}
+    memo.store(ctx, msgs, 0, [1, 2, 3])
+    assert memo.common(ctx, msgs) == (3, [1, 2, 3])
+    msgs[1]["n"] = 1.0
+    assert memo.common(ctx, msgs) == (1, [1])
+    msgs[1]["n"] = 1
+    ctx["flag"] = 1
+    assert memo.common(ctx, msgs) == (0, [])
+
+
+def test_an_agent_loop_mutating_its_own_lists_in_place_is_counted_and_sent_exactly():
+    """An agent that appends to one messages list, edits messages and tool schemas in place (numbers changing
+    kind included) and reuses its tools list gets, on every turn, the count a fresh source gives and the tools
+    litellm would send, with a declared template and with the estimate."""
+    from agentkv import Backend, Session
+    from agentkv._session.attempts import as_litellm_sends
+
+    class Recording:
+        def __init__(self):
+            self.sent = []
+
+        def completion(self, **kwargs):
+            self.sent.append(copy.deepcopy(kwargs))
+            return {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+    def tool(i):
+        return {"type": "function", "function": {"name": f"t{i}", "description": "Look up.", "strict": True, "parameters": {
+            "type": "object", "properties": {"q": {"type": "number", "default": 1}}, "additionalProperties": False}}}
+
+    def default(value):
+        tools[1]["function"]["parameters"]["properties"]["q"]["default"] = value
+
+    def edit(index, text):
+        messages[index]["content"] += text
+
+    steps = [lambda: None, lambda: edit(-1, " more"), lambda: tools[0]["function"].update(description="Edited."),
+             lambda: tools.append(tool(len(tools))), lambda: edit(1, "!"), lambda: default(1.0), lambda: default(True),
+             lambda: tools.pop(), lambda: messages.append({"role": "tool", "tool_call_id": "c", "content": "{\n  \"n\": 2\n}"}),
+             lambda: messages[-1].update(n=1), lambda: messages[-1].update(n=1.0), lambda: default(-0.0), lambda: default(0.0)]
+    for declared in ("cl100k_base", None):
+        tools = [tool(i) for i in range(3)]
+        messages = [{"role": "system", "content": "Agent."}, {"role": "user", "content": "go"}]
+        client = Recording()
+        truth = TemplateSource("cl100k_base", incremental=False) if declared else None
+        with Session(Backend("hosted_vllm/m", window=32768, tokenizer=declared), client=client) as session:
+            for step in steps:
+                step()
+                messages.append({"role": "user", "content": "next"})
+                session.completion(messages=messages, tools=tools, max_tokens=16)
+                sent = as_litellm_sends("hosted_vllm/m", {"tools": copy.deepcopy(tools)})["tools"]
+                assert json.dumps(client.sent[-1]["tools"]) == json.dumps(sent)
+                payload = Payload(tuple(copy.deepcopy(messages)), tuple(sent))
+                fresh = truth.count(payload) if truth else TiktokenSource().count(payload)
+                row = session.ledger[-1]
+                assert (row.input_tokens, row.tool_tokens) == (fresh.total, fresh.tools), step
+
+
+def test_the_prefix_report_sees_a_message_the_caller_edited_in_place():
+    """An agent that truncates an old tool result in its own messages list between two turns gets a prefix
+    report that names that message and a broken prefix (the previous request is kept as it was sent)."""
+    from agentkv import Backend, Session
+
+    class Instant:
+        def completion(self, **kwargs):
+            return {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+    messages = trace(3)
+    with Session(Backend("hosted_vllm/m", window=32768, tokenizer="cl100k_base"), client=Instant()) as session:
+        session.completion(messages=messages, max_tokens=4)
+        messages[3]["content"] = messages[3]["content"][:40]  # in place: the same dict, a shorter result
+        messages.append({"role": "user", "content": "and now?"})
+        session.completion(messages=messages, max_tokens=4)
+        report = session.prefix_report()
+    assert report.divergence_message == 3 and not report.intact

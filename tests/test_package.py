@@ -128,3 +128,41 @@ class _Instant:
 
     async def acompletion(self, **kwargs):  # pragma: no cover - the test is sync
         return self.completion(**kwargs)
+
+
+def test_events_reach_a_logger_configured_to_log_them():
+    """A filtering logger at INFO, and structlog over stdlib logging, both get the route event with its prompt
+    hash (events.enabled only skips what a filtering logger drops)."""
+    import io
+    import logging
+
+    import structlog
+
+    from agentkv import events
+
+    fast, seen = Backend("hosted_vllm/m", window=4096), []
+
+    def grab(logger, name, event_dict):
+        seen.append(dict(event_dict))
+        raise structlog.DropEvent
+
+    stream, root = io.StringIO(), logging.getLogger("agentkv")
+    handler, level = logging.StreamHandler(stream), root.level
+    try:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO), processors=[grab])
+        assert events.enabled("info") and not events.enabled("debug")
+        with Session(fast, client=_Instant()) as s:
+            s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert [e for e in seen if e["event"] == "route" and e.get("prompt_hash")]
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        structlog.configure(processors=[structlog.stdlib.filter_by_level, structlog.processors.JSONRenderer()],
+                            logger_factory=structlog.stdlib.LoggerFactory(), wrapper_class=structlog.stdlib.BoundLogger)
+        assert events.enabled("info")
+        with Session(fast, client=_Instant()) as s:
+            s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert '"event": "route"' in stream.getvalue() and '"prompt_hash"' in stream.getvalue()
+    finally:
+        structlog.reset_defaults()
+        root.removeHandler(handler)
+        root.setLevel(level)

@@ -90,7 +90,7 @@ def test_appending_one_message_tokenizes_only_that_message():
         calls.append(len(text))
         return encode(enc, text)
 
-    counter = ChunkedEncoder(spy)
+    counter = ChunkedEncoder(spy, cuts="words")
     msgs = react_trace(30)
     first = render_chat(msgs, TOOLS)
     counter.count(first)

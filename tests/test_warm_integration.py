@@ -173,6 +173,21 @@ def test_broken_warm_prefix_warns_at_escalation(fresh):
     assert any(e["event"] == "warm_prefix_broken" and e["log_level"] == "warning" for e in events)
 
 
+def test_a_warm_prefix_broken_by_an_in_place_edit_warns_at_escalation(fresh):
+    """An agent that edits its own system message dict in place after a warm still gets the broken-warm
+    warning when it escalates (the warmed prompt is kept as it was sent)."""
+    history = grow(9)
+    msgs = copy.deepcopy(history[4])
+    with make_session(fresh) as s:
+        s.completion(messages=msgs, tools=TOOLS8, max_tokens=2)
+        s.drain_warms(30)
+        msgs[0]["content"] = "A different system prompt."  # the same dict the warm was built from
+        msgs += copy.deepcopy(history[9][len(msgs):])
+        s.completion(messages=msgs, tools=TOOLS8, max_tokens=2)
+        assert s.drain_warms(30)
+    assert s.stats()["warm_fired"] == 1 and s.stats()["warm_prefix_broken"] == 1
+
+
 async def test_async_warm_is_a_task(fresh):
     """acompletion fires the warm as an asyncio task and returns without waiting for it."""
     history = grow(4)

@@ -15,6 +15,7 @@ from agentkv.backends import Backend
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_cache_salt
 from agentkv.tokens import Payload, TokenCount
+from agentkv.tokens.incremental import numbers, same_json
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
 PROMPT_KEYS = ("messages", "tools", "tool_choice", "functions", "chat_template", "chat_template_kwargs",
@@ -172,16 +173,19 @@ class LitellmSends:
     stripped list is reused otherwise (it is never edited: the request builder copies what it sends)."""
 
     def __init__(self) -> None:
-        self._last: tuple[list[Any], str, Mapping[str, Any]] | None = None  # caller's tools copied, model, result
+        # the caller's tools copied, where they hold numbers (1, 1.0 and True are == but not the same JSON),
+        # the model, the result
+        self._last: tuple[list[Any], list[Any], str, Mapping[str, Any]] | None = None
 
     def __call__(self, model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         tools = kwargs.get("tools")
         if not _strips_tools(model) or not tools or not isinstance(tools, (list, tuple)):
             return as_litellm_sends(model, kwargs)
         last = self._last
-        if last is None or last[1] != model or last[0] != list(tools):
-            last = self._last = (_tree_copy(list(tools)), model, as_litellm_sends(model, {"tools": tools}))
-        return {**kwargs, "tools": last[2]["tools"]}
+        if last is None or last[2] != model or not same_json(last[0], last[1], list(tools)):
+            copied = _tree_copy(list(tools))
+            last = self._last = (copied, numbers(copied), model, as_litellm_sends(model, {"tools": tools}))
+        return {**kwargs, "tools": last[3]["tools"]}
 
 
 def _strips_tools(model: str) -> bool:

@@ -44,6 +44,7 @@ from agentkv.routing import (
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tenancy import resolve_cache_salt
 from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
+from agentkv.tokens.payload import detached
 from agentkv.state import StateStore
 from agentkv.state.config import resolve_state
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
@@ -387,7 +388,7 @@ class Session:
         payload = payload_from_request(kwargs)
         if payload.messages is None:
             raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
-        self._history = [*self._history[-1:], payload]
+        self._history = [*self._history[-1:], detached(payload)]  # as sent, whatever the caller edits later
         return payload
 
     def _backends(self) -> list[Backend]:

@@ -6,6 +6,7 @@
   ``/tokenize``, tiktoken, biased character counts;
 - :mod:`agentkv.tokens.counter`: :class:`TokenCounter`, the ladder that tries them, estimate first;
 - :mod:`agentkv.tokens.incremental`: the previous request, so a turn costs what it appended;
+- :mod:`agentkv.tokens.cuts`: where a tokenizer is known to count a text as the sum of its pieces;
 - :mod:`agentkv.tokens.breaker`: :class:`CircuitBreaker`, so a failing ``/tokenize`` is not waited on;
 - :mod:`agentkv.tokens.encodings`, :mod:`agentkv.tokens.templates`: offline tiktoken encodings and
   the ChatML/Qwen tools template.

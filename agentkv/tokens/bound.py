@@ -6,7 +6,7 @@ that breaks the assumption shows it whenever the exact count is asked (near a bo
 the interval. :class:`EstimateBound` then widens every later interval by the factor that would have held
 that count, with headroom, so the same conversation shape asks for the exact count from then on:
 
-    bound = shared_bound("http://gpu-1:8000")       # one per backend per process
+    bound = shared_bound("http://gpu-1:8000|qwen")  # one per server and model per process
     low, high = bound.widened(low, high)
     bound.observe(low, high, exact)                  # after an exact count: widens when exact is outside
 
@@ -65,7 +65,8 @@ _SHARED_LOCK = threading.Lock()
 
 
 def shared_bound(key: str) -> EstimateBound:
-    """The process's bound for one backend (its server root or label): every Session on it learns at once."""
+    """The process's bound for one backend (its server root, or label, and its served model: another model
+    behind the same URL has another tokenizer): every Session on it learns at once."""
     with _SHARED_LOCK:
         bound = _SHARED.get(key)
         if bound is None:

@@ -68,7 +68,7 @@ class TokenCounter:
             sources.append(ServerSource(backend, http=http, timeout_s=tokenize_timeout_s, breaker=breaker))
         sources += [_tiktoken_or_none(), CharSource()]
         return cls([s for s in sources if s is not None], backend_label=backend.label, estimate_first=estimate_first,
-                   bound=shared_bound(backend.server_root or backend.label))
+                   bound=shared_bound(f"{backend.server_root or backend.label}|{backend.served_model}"))
 
     def estimate(self, payload: Payload) -> TokenCount:
         """The best count the local sources give (exact from a declared template), with its interval (widened

@@ -18,7 +18,7 @@ import copy
 import threading
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-__all__ = ["AppendCounter", "PrefixMemo", "appends_cleanly"]
+__all__ = ["AppendCounter", "PrefixMemo", "appends_cleanly", "numbers", "same_json", "snapshot"]
 
 F = TypeVar("F")
 
@@ -31,12 +31,15 @@ class PrefixMemo(Generic[F]):
     """
 
     def __init__(self, *, copy_context: bool = True) -> None:
-        # copy_context=False: the caller passes contexts it never mutates (snapshots), stored as given, so
-        # that the next request's identical snapshot compares by identity
+        # copy_context=False: the caller passes contexts it never mutates (snapshots), stored as given and
+        # compared by identity: the caller hands the same snapshot again while its context is unchanged as JSON
+        # (``==`` would take a new snapshot holding 1.0 where the old one held 1 for the same)
         self._copy_context = copy_context
         self._lock = threading.Lock()
         self._context: Any = None
+        self._context_numbers: list[tuple[tuple[Any, ...], Any]] = []
         self._messages: list[Any] = []
+        self._numbers: list[tuple[int, tuple[Any, ...], Any]] = []  # (message index, path, number), in order
         self._figures: list[F] = []
 
     def common(self, context: Any, messages: Sequence[Any]) -> tuple[int, list[F]]:
@@ -44,13 +47,25 @@ class PrefixMemo(Generic[F]):
         the context changed)."""
         with self._lock:
             stored = self._messages
-            if not stored or self._context != context:
+            if not stored or not self._same_context(context):
                 return 0, []
             n = min(len(stored), len(messages))
             if stored[:n] == list(messages[:n]):  # the usual append: one comparison at C speed
-                return n, self._figures[:n]
-            k = next((i for i, (kept, message) in enumerate(zip(stored, messages)) if kept != message), n)
+                k = n
+            else:
+                k = next((i for i, (kept, message) in enumerate(zip(stored, messages)) if kept != message), n)
+            k = self._numbers_agree(messages, k)
             return k, self._figures[:k]
+
+    def _numbers_agree(self, messages: Sequence[Any], k: int) -> int:
+        """``k``, or the first message before it holding a number of another kind than its stored copy's
+        (equal by ``==``, not as JSON: see :func:`same_json`)."""
+        for index, path, number in self._numbers:
+            if index >= k:
+                break
+            if not _same_number(_at(messages[index], path), number):
+                return index
+        return k
 
     def store(self, context: Any, messages: Sequence[Any], kept: int, figures: Sequence[F]) -> None:
         """Remember ``messages`` (the first ``kept`` are known equal to the stored ones) and one figure
@@ -58,15 +73,25 @@ class PrefixMemo(Generic[F]):
         if len(figures) != len(messages):
             raise ValueError(f"{len(figures)} figures for {len(messages)} messages")
         with self._lock:
-            same_context = kept > 0 and self._context == context
+            same_context = kept > 0 and self._same_context(context)
             head = self._messages[:kept] if same_context else []
-            self._context = context if same_context or not self._copy_context else snapshot(context)
-            self._messages = head + [snapshot(m) for m in messages[len(head):]]
+            if not same_context:
+                self._context = context if not self._copy_context else snapshot(context)
+                self._context_numbers = numbers(self._context) if self._copy_context else []
+            added = [snapshot(m) for m in messages[len(head):]]
+            self._numbers = [entry for entry in self._numbers if entry[0] < len(head)] if head else []
+            self._numbers += [(len(head) + i, path, number) for i, m in enumerate(added) for path, number in numbers(m)]
+            self._messages = head + added
             self._figures = list(figures)
+
+    def _same_context(self, context: Any) -> bool:
+        if not self._copy_context:
+            return self._context is context
+        return same_json(self._context, self._context_numbers, context)
 
     def clear(self) -> None:
         with self._lock:
-            self._context, self._messages, self._figures = None, [], []
+            self._context, self._messages, self._figures, self._numbers = None, [], [], []
 
 
 _ATOMS = (str, int, float, bool, type(None))
@@ -85,6 +110,47 @@ def snapshot(value: Any) -> Any:
     if kind in _ATOMS:
         return value
     return copy.deepcopy(value)
+
+
+def numbers(value: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """Where JSON-shaped ``value`` holds a number or a bool, and which one (see :func:`same_json`)."""
+    found: list[tuple[tuple[Any, ...], Any]] = []
+    _numbers(value, (), found)
+    return found
+
+
+def _numbers(value: Any, path: tuple[Any, ...], found: list[tuple[tuple[Any, ...], Any]]) -> None:
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            _numbers(item, (*path, key), found)
+    elif kind is list or kind is tuple:
+        for index, item in enumerate(value):
+            _numbers(item, (*path, index), found)
+    elif kind is int or kind is float or kind is bool:
+        found.append((path, value))
+
+
+def same_json(stored: Any, stored_numbers: list[tuple[tuple[Any, ...], Any]], value: Any) -> bool:
+    """``stored == value`` as the JSON they render to: ``==`` takes 1, 1.0 and True for one another (and -0.0
+    for 0.0), so each of ``stored``'s numbers (:func:`numbers`) is also compared by kind. Equal structures
+    compare at C speed; only the few numbers are looked up one by one."""
+    if stored != value:
+        return False
+    try:
+        return all(_same_number(_at(value, path), number) for path, number in stored_numbers)
+    except (LookupError, TypeError):  # numbers of another snapshot (a race): not known equal
+        return False
+
+
+def _at(value: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _same_number(current: Any, number: Any) -> bool:
+    return type(current) is type(number) and (type(number) is not float or repr(current) == repr(number))
 
 
 # Incremental counts are checked against a full rendering on the first turns of each template (and of
@@ -230,5 +296,6 @@ def _last_known(figures: Sequence[Any]) -> int:
 
 def _joins(left: str, right: str) -> bool:
     """True when tokenizing ``left + right`` counts as tokenizing each: a cut after a newline, before a
-    non-space character (a pre-token boundary of GPT-style splitters), or an empty side."""
-    return not left or not right or (left.endswith("\n") and not right[0].isspace())
+    non-space character other than "/" (a pre-token boundary of the cl100k-style splitters,
+    :mod:`agentkv.tokens.cuts`), or an empty side."""
+    return not left or not right or (left.endswith("\n") and not right[0].isspace() and right[0] != "/")

@@ -6,7 +6,7 @@ messages are what the payload builder sends, so they are what is counted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 from agentkv.events import canonical_json
@@ -31,6 +31,20 @@ class Payload:
         return len(canonical_json(self.messages if self.messages is not None else self.prompt)) + len(
             canonical_json(self.tools or [])
         )
+
+
+def detached(payload: Payload, *, deep: bool = False) -> Payload:
+    """``payload`` as it is now, for comparing with a later request after the caller has edited its own message
+    dicts in place (an agent truncating an old tool result): each message dict copied (its values shared:
+    a reassigned ``content`` is seen, an edit inside a content list is not), or with ``deep`` every message and
+    tool schema copied whole (:func:`~agentkv.tokens.incremental.snapshot`)."""
+    if deep:
+        from agentkv.tokens.incremental import snapshot
+
+        return replace(payload, messages=snapshot(payload.messages), tools=snapshot(payload.tools))
+    if payload.messages is None:
+        return payload
+    return replace(payload, messages=tuple(dict(m) if type(m) is dict else m for m in payload.messages))
 
 
 def payload_from_request(kwargs: Mapping[str, Any]) -> Payload:

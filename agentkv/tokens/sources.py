@@ -18,25 +18,28 @@ from agentkv._http import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend
 from agentkv.events import canonical_json, digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
+from agentkv.tokens.cuts import Cuts, tokenizer_cuts
 from agentkv.tokens.encodings import DEFAULT_ENCODING, get_encoding
-from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly
+from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly, numbers, same_json
 from agentkv.tokens.incremental import snapshot as copy_snapshot
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
 # A point right after a newline and before a non-space character is a pre-token boundary for the
-# GPT-style splitting regexes (cl100k, o200k, Qwen2): no pre-token runs across it, so token counts of
-# the pieces add up exactly. Each tokenizer is checked once before chunking is trusted.
+# cl100k-style splitting regexes (cl100k, o200k, Llama-3, Qwen2): no pre-token runs across it, so token
+# counts of the pieces add up exactly. Which tokenizers split there is known, not sampled (tokens/cuts.py).
 # /tokenize is a fast call (a tokenizer pass on the server); a server that takes longer is treated as
 # failing and its breaker opens (:mod:`agentkv.tokens.breaker`).
 DEFAULT_TOKENIZE_TIMEOUT_S = 2.0
 
-_CHUNK_BOUNDARY = re.compile(r"(?<=\n)(?=[ \t]*\S)")
-# A newline that is not a chunk boundary: only spaces or tabs, then another whitespace character or the end
-# (possessive where the re module has it: the same matches, found without backtracking). _GLUED_AT finds
-# each one (a lookahead: "\n\n\n" has two).
-_GLUED_NEWLINE = re.compile(r"\n[ \t]*+(?:[^\S \t]|\Z)" if sys.version_info >= (3, 11) else r"\n[ \t]*(?:[^\S \t]|\Z)")
-_GLUED_AT = re.compile(r"\n(?=[ \t]*(?:[^\S \t]|\Z))")
+# Not before a "/": o200k's punctuation pre-token runs on through newlines and slashes (",\n//" is one).
+_CHUNK_BOUNDARY = re.compile(r"(?<=\n)(?=[ \t]*\S)(?!/)")
+# A newline that is not a chunk boundary: only spaces or tabs, then another whitespace character or the end,
+# or a "/" right after it (possessive where the re module has it: the same matches, found without
+# backtracking). _GLUED_AT finds each one (a lookahead: "\n\n\n" has two).
+_GLUED_NEWLINE = re.compile(r"\n(?:[ \t]*+(?:[^\S \t]|\Z)|/)" if sys.version_info >= (3, 11)
+                            else r"\n(?:[ \t]*(?:[^\S \t]|\Z)|/)")
+_GLUED_AT = re.compile(r"\n(?=[ \t]*(?:[^\S \t]|\Z)|/)")
 
 
 def split_lines(text: str) -> tuple[list[str], list[str]]:
@@ -77,8 +80,9 @@ def _glued_lines(body: str) -> list[tuple[int, int]]:
 
 def word_cut(line: str) -> int:
     """Where ``line`` splits into two pre-token-bounded pieces: before its first space that follows a
-    non-space and precedes one (``  "id":| "inc-7",``); 0 when it has none. GPT-style splitting regexes
-    only ever start a pre-token with a space, so counts of the two pieces add up."""
+    non-space and precedes one (``  "id":| "inc-7",``); 0 when it has none. The cl100k-style splitting
+    regexes only ever start a pre-token with a space, so counts of the two pieces add up
+    (:mod:`agentkv.tokens.cuts` says for which tokenizers)."""
     i = line.find(" ", 1)
     while i > 0:
         if not line[i - 1].isspace() and i + 1 < len(line) and not line[i + 1].isspace():
@@ -92,13 +96,17 @@ class ChunkedEncoder:
 
     Appending one message to a long conversation tokenizes only that message's chunks, and of a line
     not seen before, only what follows its first word when that word was seen (:func:`word_cut`: a
-    JSON line's key repeats, its value is new). ``encode`` is ``text -> token ids``. The first call
-    checks on its text that chunked counts (with word cuts, then without) equal a full encode for this
-    tokenizer; where they do not, it counts whole texts instead.
+    JSON line's key repeats, its value is new). ``encode`` is ``text -> token ids``; ``cuts`` says
+    where this tokenizer is known to count exactly (:func:`~agentkv.tokens.cuts.tokenizer_cuts`:
+    ``"words"``, ``"lines"``, or ``"whole"``, the default, for a tokenizer nothing is known about:
+    whole texts are counted). As a guard, the first call also checks the cuts on its text and counts
+    whole texts (or lines without word cuts) from then on where they do not add up.
     """
 
-    def __init__(self, encode_fn: Callable[[str], Sequence[int]], maxsize: int = 65536) -> None:
+    def __init__(self, encode_fn: Callable[[str], Sequence[int]], maxsize: int = 65536, *,
+                 cuts: Cuts = "whole") -> None:
         self._encode = encode_fn
+        self._cuts = cuts
         # plain dicts (atomic get/set), each emptied when it outgrows maxsize: chunks and line pieces, and
         # lines (a line's count is that of the line and its newline)
         self._memo: dict[str, int] = {}
@@ -109,12 +117,12 @@ class ChunkedEncoder:
 
     @property
     def splits_exactly(self) -> bool:
-        """True once the first count showed that chunked counts equal whole ones for this tokenizer."""
+        """True once the first count confirmed the declared cuts (never for ``cuts="whole"``)."""
         return bool(self._chunking)
 
     def count(self, text: str) -> int:
         if self._chunking is None:
-            self._chunking, self._word_cuts = self._chunking_is_exact(text)
+            self._chunking, self._word_cuts = self._cuts_hold(text)
         if not self._chunking:
             return len(self._encode(text))
         lines, rest = split_lines(text)
@@ -147,8 +155,11 @@ class ChunkedEncoder:
     def _piece_count(self, piece: str) -> int:
         return len(self._encode(piece))
 
-    def _chunking_is_exact(self, text: str) -> tuple[bool, bool]:
-        """Whether chunks, and word cuts within lines, count as the whole text does (checked on ``text``)."""
+    def _cuts_hold(self, text: str) -> tuple[bool, bool]:
+        """Whether the declared cuts (chunks; word cuts within lines) count as the whole text does, checked on
+        ``text``: a guard, the declaration decides (a tokenizer whose cuts are unknown is never cut)."""
+        if self._cuts == "whole":
+            return False, False
         sample = text if len(text) < 200_000 else text[:200_000]
         whole = len(self._encode(sample))
         chunks = _CHUNK_BOUNDARY.split(sample)
@@ -156,9 +167,11 @@ class ChunkedEncoder:
         if whole != pieces:
             emit("chunked_count_disabled", level="warning", whole=whole, chunked=pieces)
             return False, False
+        if self._cuts != "words":
+            return True, False
         words = sum(len(self._encode(p)) for c in chunks for p in _word_pieces(c))
         if words != whole:
-            emit("word_cuts_disabled", level="info", whole=whole, chunked=words)
+            emit("word_cuts_disabled", level="warning", whole=whole, chunked=words)
         return True, words == whole
 
 
@@ -181,10 +194,11 @@ class TemplateSource:
         tiktoken_name = isinstance(tokenizer, str) and _is_tiktoken_name(tokenizer)
         self._hf = None if tiktoken_name else _hf_tokenizer(tokenizer)
         self._encode = _encode_fn(self._hf if self._hf is not None else get_encoding(tokenizer), self._hf is not None)
-        self._encoder = ChunkedEncoder(self._encode)
+        self._encoder = ChunkedEncoder(self._encode, cuts=tokenizer_cuts(tokenizer if self._hf is None else self._hf))
         self._template = chat_template
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
-        self._last_context: tuple[tuple[Any, Any, Any], int] | None = None  # see _context
+        # see _context: the last snapshot, its tool tokens and its numbers, replaced together (one assignment)
+        self._last_context: tuple[tuple[Any, Any, Any], int, list[Any]] | None = None
         self._appended = AppendCounter(self._render_parts, self._encoder.count,
                                        f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
                                        lean=_without_tools) if incremental else None
@@ -233,11 +247,12 @@ class TemplateSource:
         :meth:`count` then compares it by identity), else a new deep copy, safe from later in-place edits."""
         context = (payload.tools, payload.tool_choice, payload.template_kwargs)
         last = self._last_context
-        if last is not None and last[0] == context:
-            return last
+        if last is not None and same_json(last[0], last[2], context):
+            return last[0], last[1]
         tools, tool_choice, template_kwargs = snapshot = copy_snapshot(context)
-        self._last_context = (snapshot, self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs)))
-        return self._last_context
+        tool_tokens = self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs))
+        self._last_context = (snapshot, tool_tokens, numbers(snapshot))
+        return snapshot, tool_tokens
 
     def _render_parts(self, messages: Sequence[Mapping[str, Any]], context: tuple[Any, Any, Any],
                       add_generation_prompt: bool) -> str:
@@ -436,7 +451,7 @@ class TiktokenSource:
         self._lock = threading.Lock()
         # the last request's per-message counts, and its context (a snapshot: see TemplateSource._context)
         self._previous: PrefixMemo[int] = PrefixMemo(copy_context=False)
-        self._last_context: tuple[Any, Any] | None = None
+        self._last_context: tuple[tuple[Any, Any], list[Any]] | None = None  # the snapshot and its numbers
         self._last_tools: int | None = None
         self._priming: int | None = None
 
@@ -457,10 +472,11 @@ class TiktokenSource:
     def _snapshot(self, context: tuple[Any, Any]) -> tuple[Any, Any]:
         """The previous request's own copy of ``context`` when equal (one comparison), else a new copy."""
         last = self._last_context
-        if last is not None and last == context:
-            return last
-        self._last_context = copy_snapshot(context)
-        return self._last_context
+        if last is not None and same_json(last[0], last[1], context):
+            return last[0]
+        snapshot: tuple[Any, Any] = copy_snapshot(context)
+        self._last_context = (snapshot, numbers(snapshot))
+        return snapshot
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
         key = digest(message, 24)

@@ -25,6 +25,7 @@ from agentkv._http import HttpTransport
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
+from agentkv.tokens.payload import detached
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
 from agentkv.warm.aware import SlowResidency
 from agentkv.warm.economics import TurnSample
@@ -192,7 +193,7 @@ class WarmAhead:
             return outcome  # counted by the job, once it knows what the slow server holds
         if outcome == "fire":
             self._stats.add("warm_fired")
-            self.warmed = payload
+            self.warmed = detached(payload, deep=True)  # the warm's prompt, whatever the caller edits before escalating
             emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
         return outcome
 
