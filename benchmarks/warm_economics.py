@@ -2,20 +2,24 @@
 
 A seeded synthetic population of agent sessions runs on the embedded servers (fast: tiny model; slow: a
 larger one whose prefix cache is sized so blocks get evicted). Conversation lengths are heavy-tailed
-(Pareto: most sessions end before they ever leave fast), think times vary per session (lognormal), and
+(Pareto: many sessions end before they ever leave fast), think times vary per session (lognormal), and
 every turn's tool output has a varied size. Sessions interleave on one simulated clock: think time is told
 to the clock (the cooldowns and the break-even gate read it), never slept, and the slow cache's
-evictions come from the other sessions' traffic. The same population runs once per mode:
+evictions come from the other sessions' traffic (LRU, vLLM's order, unless ``--eviction fair``). Every mode has
+its own pair of servers and all modes play each turn back to back (lockstep), so their times to first token
+are measured under the same machine load. The modes:
 
 - cold: warm-ahead off (the baseline every escalation's time to first token is compared with);
 - cooldown-only: the seed's warm-ahead (one warm per session per 5 minutes past 60% of the window);
 - event-aware: the same with a CacheLedger following the slow server (issue 15 item 3), when this build's
   Session accepts ``ledger=``;
-- break-even gate: cooldown-only plus ``WarmAheadPolicy(break_even=True)``, its cache lifetime set from the
-  eviction rate the cooldown-only run observed (or ``--lifetime-s``).
+- break-even gate: cooldown-only plus ``WarmAheadPolicy(break_even=True)``, its cache lifetime set to the
+  median residency of evicted blocks in a cooldown-only calibration pass (or ``--lifetime-s``);
+- event-aware+gate (with a ledger), and ``--gate-lifetimes`` rows: the gate under other lifetime settings.
 
 For each mode it prints: prefill tokens spent on warms, the share no escalation read, escalation TTFT saved
-per 1K warm tokens (against the cold run, session by session), and the share of escalations that found a warm
+per 1K warm tokens (against the cold run, session by session; end to end and the engine's own), escalation
+tokens found cached per 1K warm tokens (load-independent), and the share of escalations that found a warm
 cache (at least half their prompt cached).
 
     python benchmarks/warm_economics.py                       # a few minutes on 2 CPU cores
