@@ -6,6 +6,7 @@ happens at and after an answer. :class:`~agentkv._session.driver.Session` adds t
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -71,6 +72,7 @@ class SessionCore:
         min_attention_cosine: float | None = None,
         count_exactly: bool = False,
         ledger: CacheLedger | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         check_backends(fast, slow)
         self.fast, self.slow = fast, slow
@@ -94,7 +96,7 @@ class SessionCore:
         self._history: list[Payload] = []
         self._jobs = BackgroundJobs()
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
-                               tenant=tenant)
+                               tenant=tenant, clock=clock or time.monotonic)
         self._record = Recorder(self._stats)
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.cache_ledger = ledger
@@ -241,9 +243,10 @@ class SessionCore:
             self._send_warm(attempt, asynchronous=True)
 
     def _warm_inputs(self, attempt: Attempt, facts: Facts) -> dict[str, Any]:
+        boundary = None if facts.fast.window is None else facts.fast.window - self.routing.output_floor
         return dict(estimated_tokens=attempt.count.total, fast_window=facts.fast.window,
                     routed_role=attempt.decision.role, model_known=facts.slow_model_known,
-                    enabled=_env.warm_ahead_enabled())
+                    enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary)
 
     def _send_warm(self, attempt: Attempt, asynchronous: bool) -> None:
         if not self._warm.wants_send(attempt.warm) or self.slow is None:

@@ -47,7 +47,8 @@ class Session(SendsOutside):
     defaulting to ``AGENTKV_CACHE_SALT_SECRET``). A tenant on a self-hosted backend with neither is
     refused (:class:`ConfigurationError`) unless ``cache_salt=False`` opts out of isolation knowingly.
     ``request_timeout_s`` bounds each attempt of a request (a call's own ``timeout=`` wins; None: the
-    client's default, litellm's being 6,000 s).
+    client's default, litellm's being 6,000 s). ``clock`` (``time.monotonic`` by default) times the turns the
+    warm-ahead break-even gate sees (``WarmAheadPolicy(break_even=True)``).
     ``ledger`` (a started :class:`~agentkv.ledger.CacheLedger`): when it follows the slow backend, warm-ahead
     is event-aware (skips a resident prefix, re-warms an evicted one, tops up a growing tail; see
     ``docs/warm-ahead.md``), and every request to a backend it follows records the ledger's prediction

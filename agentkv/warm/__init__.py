@@ -5,6 +5,8 @@ backend the same messages, tools and salt with ``max_tokens=1`` and does not wai
 server's prefix cache then holds the conversation when escalation comes.
 
 - :mod:`agentkv.warm.policy`: :class:`WarmAheadPolicy` and the pure :func:`decide_warm`;
+- :mod:`agentkv.warm.economics`: the break-even gate (pure): warm only when an escalation is forecast within
+  the slow cache's expected lifetime;
 - :mod:`agentkv.warm.guards`: the tenant-scoped :class:`CooldownMap` and the :class:`InFlightLimit`;
 - :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send;
 - :mod:`agentkv.warm.events`: event-aware mode's pure :func:`decide_event_warm` over a :class:`Residency`
@@ -12,6 +14,7 @@ server's prefix cache then holds the conversation when escalation comes.
   :mod:`agentkv.warm.aware` from a :class:`~agentkv.ledger.CacheLedger`.
 """
 
+from agentkv.warm.economics import Forecast, TurnSample, decide_break_even, forecast_escalation
 from agentkv.warm.guards import CooldownMap, InFlightLimit, TenantCooldowns, shared_cooldowns, shared_in_flight
 from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, WarmOutcome, decide_warm
@@ -19,14 +22,18 @@ from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, WarmOutcome, deci
 __all__ = [
     "CooldownMap",
     "EventOutcome",
+    "Forecast",
     "InFlightLimit",
     "Residency",
     "TenantCooldowns",
+    "TurnSample",
     "WarmAheadPolicy",
     "WarmDecision",
     "WarmOutcome",
+    "decide_break_even",
     "decide_event_warm",
     "decide_warm",
+    "forecast_escalation",
     "shared_cooldowns",
     "shared_in_flight",
 ]

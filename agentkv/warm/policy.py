@@ -6,13 +6,14 @@ The stateful guards that come after this decision are in :mod:`agentkv.warm.guar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 from agentkv.errors import ConfigurationError, check_positive_int
+from agentkv.warm.economics import TurnSample, decide_break_even
 
 WarmOutcome = Literal[
     "fire", "below_threshold", "disabled", "routed_slow", "unknown_model", "no_window", "cooldown", "saturated",
-    "state_unavailable",
+    "state_unavailable", "break_even",
 ]
 
 
@@ -28,6 +29,13 @@ class WarmAheadPolicy:
     ``top_up_tokens`` (event-aware mode only, a Session with a ``ledger``): once the slow server's cached
     prefix of the conversation trails the prompt by this many tokens, a top-up warm is sent inside the
     cooldown (it prefills only that tail); a resident prefix trailing by less is not warmed again.
+
+    The break-even gate (off by default; :mod:`agentkv.warm.economics`): with ``break_even=True`` a warm
+    (a re-warm or top-up too) goes out only when the conversation's growth over its last ``growth_turns``
+    requests predicts it will cross the route boundary within ``cache_lifetime_s``, the time the slow server's
+    prefix cache keeps a block (see docs/warm-ahead.md, "Warm economics", for how to measure it).
+
+        WarmAheadPolicy(break_even=True, cache_lifetime_s=600, growth_turns=6)
     """
 
     threshold: float = 0.6
@@ -37,15 +45,20 @@ class WarmAheadPolicy:
     timeout_s: float = 30.0
     enabled: bool = True
     top_up_tokens: int = 1024
+    break_even: bool = False
+    cache_lifetime_s: float = 600.0
+    growth_turns: int = 6
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigurationError(f"WarmAheadPolicy.threshold must be in (0, 1], got {self.threshold!r}")
-        for name in ("cooldown_s", "timeout_s"):
+        for name in ("cooldown_s", "timeout_s", "cache_lifetime_s"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"WarmAheadPolicy.{name} must be positive, got {getattr(self, name)!r}")
         for name in ("max_sessions", "max_in_flight", "top_up_tokens"):
             check_positive_int("WarmAheadPolicy", name, getattr(self, name))
+        if isinstance(self.growth_turns, bool) or not isinstance(self.growth_turns, int) or self.growth_turns < 2:
+            raise ConfigurationError(f"WarmAheadPolicy.growth_turns must be an int >= 2, got {self.growth_turns!r}")
 
 
 @dataclass(frozen=True)
@@ -67,8 +80,13 @@ def decide_warm(
     enabled: bool,
     model_known: bool,
     policy: WarmAheadPolicy,
+    history: Sequence[TurnSample] = (),
+    boundary_tokens: int | None = None,
 ) -> WarmDecision:
-    """The stateless part of the warm-ahead decision (cooldown and in-flight limits come after)."""
+    """The stateless part of the warm-ahead decision (cooldown and in-flight limits come after).
+
+    ``history`` (the conversation's recent requests, oldest first, this one last) and ``boundary_tokens``
+    (the count past which a request leaves fast) feed the break-even gate when ``policy.break_even``."""
     if fast_window is None:
         return WarmDecision("no_window")
     if estimated_tokens < policy.threshold * fast_window:
@@ -79,4 +97,7 @@ def decide_warm(
         return WarmDecision("disabled")
     if not model_known:
         return WarmDecision("unknown_model")
+    if policy.break_even and boundary_tokens is not None and decide_break_even(
+            history, boundary_tokens=boundary_tokens, lifetime_s=policy.cache_lifetime_s) == "break_even":
+        return WarmDecision("break_even")
     return WarmDecision("fire")

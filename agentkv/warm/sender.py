@@ -13,6 +13,7 @@ never waits on one. Context variables are copied into the worker (a thread does 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import queue
 import threading
@@ -27,12 +28,13 @@ from agentkv.tokens import Payload
 from agentkv.tokens.payload import detached
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
 from agentkv.warm.aware import SlowResidency
+from agentkv.warm.economics import TurnSample
 from agentkv.warm.events import SENDS, EventOutcome
-from agentkv.warm.policy import WarmAheadPolicy, decide_warm
+from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
 
 __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
 
-_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable")
+_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even")
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
@@ -118,15 +120,20 @@ class BackgroundJobs:
 
 class WarmAhead:
     """Warm-ahead for one (tenant, session): ``consider``/``aconsider`` decide and claim through the
-    :class:`~agentkv.state.StateStore`, ``send``/``asend`` go out and give the lease back."""
+    :class:`~agentkv.state.StateStore`, ``send``/``asend`` go out and give the lease back.
+
+    It keeps the conversation's last ``policy.growth_turns`` (``clock()``, tokens) samples for the
+    break-even gate: bounded, and no I/O."""
 
     def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats, jobs: BackgroundJobs,
-                 *, session_id: str, tenant: str | None) -> None:
+                 *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self._store, self._stats, self._jobs = store, stats, jobs
         self._session_id, self._tenant = session_id, tenant
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
+        self._clock = clock
+        self.turns: collections.deque[TurnSample] = collections.deque(maxlen=policy.growth_turns)
         self.residency: SlowResidency | None = None
         self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
         self._events_claimed = 0
@@ -139,11 +146,16 @@ class WarmAhead:
         """Whether the driver should build a warm for this outcome ("fire", or an event-aware check)."""
         return outcome == "fire" or self._pending is not None
 
+    def _decide(self, inputs: dict[str, Any]) -> WarmDecision:
+        """Record this request's sample, then ask the pure decision (history included)."""
+        self.turns.append(TurnSample(self._clock(), int(inputs["estimated_tokens"])))
+        return decide_warm(policy=self.policy, history=tuple(self.turns), **inputs)
+
     def consider(self, payload: Payload, **inputs: Any) -> str:
         """The outcome for this request ("fire" or why not), counted; a "fire" holds a lease.
 
-        ``inputs``: :func:`~agentkv.warm.policy.decide_warm`'s keywords less ``policy``."""
-        decision = decide_warm(policy=self.policy, **inputs)
+        ``inputs``: :func:`~agentkv.warm.policy.decide_warm`'s keywords less ``policy`` and ``history``."""
+        decision = self._decide(inputs)
         if not decision.fire:
             return self._counted(decision.outcome, payload, inputs)
         outcome: str
@@ -155,7 +167,7 @@ class WarmAhead:
 
     async def aconsider(self, payload: Payload, **inputs: Any) -> str:
         """The async twin of :meth:`consider`: the claim is awaited (an asyncio client, never a sync call)."""
-        decision = decide_warm(policy=self.policy, **inputs)
+        decision = self._decide(inputs)
         if not decision.fire:
             return self._counted(decision.outcome, payload, inputs)
         outcome: str

@@ -1,0 +1,78 @@
+"""The break-even gate: warm only when the conversation is predicted to escalate while the warm is still cached.
+
+A warm costs one prefill of the conversation on the slow server. It pays only when an escalation reads it,
+and an escalation can read it only while the slow server's prefix cache still holds it. Most conversations
+never leave the fast model (their lengths are heavy-tailed), and a slow-growing one that crosses the warm
+threshold may take longer to reach the route boundary than the cache keeps a block. The gate forecasts, from
+the conversation's own recent turns, when it will cross the boundary, and lets a warm through only when that
+moment falls inside the cache's expected lifetime.
+
+    forecast = forecast_escalation(history, boundary_tokens=1792)   # history: [TurnSample(at_s, tokens), ...]
+    decide_break_even(history, boundary_tokens=1792, lifetime_s=600.0)  # "fire", "break_even" or "no_history"
+
+Everything here is pure: the Session keeps the last few :class:`TurnSample`s (bounded) and hands them in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+__all__ = ["BreakEvenOutcome", "Forecast", "TurnSample", "decide_break_even", "forecast_escalation"]
+
+BreakEvenOutcome = Literal["fire", "break_even", "no_history"]
+
+
+@dataclass(frozen=True)
+class TurnSample:
+    """One request of a conversation: when it was made (seconds on the Session's clock) and its input tokens."""
+
+    at_s: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """When the conversation is predicted to cross the route boundary.
+
+    ``turns``: requests until the first one past the boundary (0: this one already is; None: not growing);
+    ``seconds``: ``turns`` times the mean time between requests (None when ``turns`` is None);
+    ``tokens_per_turn`` and ``seconds_per_turn``: the mean growth and pace the forecast used.
+    """
+
+    turns: int | None
+    seconds: float | None
+    tokens_per_turn: float
+    seconds_per_turn: float
+
+
+def forecast_escalation(history: Sequence[TurnSample], *, boundary_tokens: int) -> Forecast | None:
+    """Extrapolate the mean growth and pace over ``history`` (oldest first) to the boundary; None with fewer
+    than two samples (no rate yet)."""
+    if len(history) < 2:
+        return None
+    first, last = history[0], history[-1]
+    steps = len(history) - 1
+    growth = (last.tokens - first.tokens) / steps
+    pace = max(0.0, last.at_s - first.at_s) / steps
+    remaining = boundary_tokens - last.tokens
+    if remaining <= 0:
+        return Forecast(0, 0.0, growth, pace)
+    if growth <= 0:
+        return Forecast(None, None, growth, pace)
+    turns = math.ceil(remaining / growth)
+    return Forecast(turns, turns * pace, growth, pace)
+
+
+def decide_break_even(history: Sequence[TurnSample], *, boundary_tokens: int, lifetime_s: float,
+                      min_samples: int = 2) -> BreakEvenOutcome:
+    """"fire" when the forecast escalation falls within ``lifetime_s``; "break_even" (skip) when it falls later
+    or the conversation is not growing; "no_history" with fewer than ``min_samples`` samples (the caller then
+    keeps the seed's behaviour: the gate only refuses on evidence)."""
+    if len(history) < max(2, min_samples):
+        return "no_history"
+    forecast = forecast_escalation(history, boundary_tokens=boundary_tokens)
+    if forecast is None or forecast.seconds is None or forecast.seconds > lifetime_s:
+        return "break_even"
+    return "fire"
