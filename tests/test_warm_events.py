@@ -46,6 +46,19 @@ def test_top_up_tokens_is_validated():
     assert WarmAheadPolicy().top_up_tokens == 1024
 
 
+@pytest.mark.parametrize("tenant", ["acme", "acme#event", ""])
+def test_no_tenant_can_claim_inside_another_tenants_event_namespace(tenant):
+    """A tenant's re-warm/top-up namespace is never a tenant name a Session accepts (acme#event cannot reach acme's)."""
+    from agentkv.warm.sender import event_namespace
+
+    namespace = event_namespace(tenant)
+    assert namespace not in ("acme", "acme#event", "") and event_namespace(tenant + "x") != namespace
+    fast = Backend("hosted_vllm/f", api_base="http://127.0.0.1:9/v1", name="fast", window=2048)
+    slow = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="slow", window=16384)
+    with pytest.raises(ConfigurationError):
+        Session(fast, slow, tenant=namespace, cache_salt_secret="k")
+
+
 # --- against the servers -------------------------------------------------------------------------------------
 
 pytest.importorskip("torch")
@@ -244,3 +257,44 @@ async def test_the_async_event_aware_path_makes_no_sync_http_call():
     assert stats["warm_skipped_cooldown"] >= 1 and stats["ledger_predictions"] == 1
     assert any(c.url == f"{SLOW.removesuffix('/v1')}/tokenize" for c in http.calls)
     assert http.blocking_calls == [] and all(c.asynchronous for c in http.calls)
+
+
+def test_a_stopped_ledger_hands_the_decision_back_to_the_cooldown(rig):
+    """Once its ledger stops, a session sends no top-up or re-warm from the stale tree, and predicts nothing."""
+    from agentkv.ledger import CacheLedger
+
+    history, policy = turns(7, words=40), WarmAheadPolicy(top_up_tokens=128)
+    slow = rig["backends"][1]
+    fast = rig["backends"][0]
+    ledger = CacheLedger([slow]).start()
+    s = Session(fast, slow, tenant="stopped", session_id=str(uuid.uuid4()), warm_ahead=policy,
+                cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
+                in_flight=InFlightLimit(4), ledger=ledger)
+    turn(s, history[1])
+    assert s.stats()["warm_fired"] == 1
+    ledger.stop()
+    for messages in history[2:]:
+        turn(s, messages)
+    stats = s.stats()
+    assert (stats["warm_top_up"], stats["warm_rewarm_evicted"], stats["warm_failed"]) == (0, 0, 0)
+    assert stats["warm_skipped_cooldown"] == len(history) - 2
+    assert stats["ledger_predictions"] == 0
+
+
+def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
+    """A ledger with an injected (monotonic) clock still predicts exactly: sends are stamped in the publisher's time."""
+    from agentkv.ledger import CacheLedger
+
+    history = [[{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Clock."}]]
+    history.append(history[-1] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Again."}])
+    fast, slow = rig["backends"]
+    with CacheLedger([slow], clock=time.monotonic) as ledger:
+        s = Session(fast, slow, tenant="clock", session_id=str(uuid.uuid4()), warm_ahead=POLICY,
+                    cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
+                    in_flight=InFlightLimit(4), ledger=ledger)
+        for messages in history:
+            turn(s, messages)
+            assert s.last_route.role == "slow"
+    stats = s.stats()
+    assert stats["ledger_predictions"] == 2 == stats["ledger_predictions_exact"]
+    assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
@@ -416,8 +417,9 @@ class Session:
                        timeout_s=self.request_timeout_s, sent_at=self._stamp())
 
     def _stamp(self) -> float | None:
-        """The ledger's clock now (the prediction reads the ledger as of it); None without a ledger."""
-        return self.cache_ledger.clock() if self.cache_ledger is not None else None
+        """The publishers' clock now (vLLM stamps event batches with ``time.time()``; the prediction reads the ledger
+        as of it, whatever clock the ledger was given); None without a ledger."""
+        return time.time() if self.cache_ledger is not None else None
 
     def _observed(self, kwargs: dict[str, Any], payload: Payload, count: TokenCount, facts: Facts,
                   role: Literal["fast", "slow"]) -> tuple[Attempt, RouteDecision | None]:

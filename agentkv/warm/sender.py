@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable
 
 from agentkv._defaults import process_default
 from agentkv._http import HttpTransport
+from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
@@ -36,6 +37,12 @@ _COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_u
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
+_EVENT_SEP = "\x00"  # no tenant name holds it, so no tenant's cooldown map is another's event namespace
+
+
+def event_namespace(tenant: str | None) -> str:
+    """The namespace of a tenant's re-warm and top-up claims (a tenant named ``acme#event`` cannot reach acme's)."""
+    return f"{tenant or ''}{_EVENT_SEP}event"
 
 
 class DaemonPool:
@@ -124,6 +131,8 @@ class WarmAhead:
                  *, session_id: str, tenant: str | None) -> None:
         self.policy = policy
         self._store, self._stats, self._jobs = store, stats, jobs
+        if tenant is not None and _EVENT_SEP in tenant:
+            raise ConfigurationError(f"a tenant name cannot contain {_EVENT_SEP!r} (it separates event-aware claims)")
         self._session_id, self._tenant = session_id, tenant
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
@@ -321,12 +330,12 @@ class WarmAhead:
         return outcome
 
     def _event_claim(self) -> WarmClaim:
-        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own ``#event`` namespace (so its short
+        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own event namespace (so its short
         marker never shortens, crowds or expires the tenant's cooldowns) and a key of its own (the session's one
         check at a time, :attr:`SlowResidency.busy`, is what spaces them)."""
         p = self.policy
         self._events_claimed += 1
-        return WarmClaim(f"{self._tenant or ''}#event", f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
+        return WarmClaim(event_namespace(self._tenant), f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
                          p.max_sessions, p.max_in_flight, lease_s=p.timeout_s + 1.0)
 
     def _try_claim(self, claim: Callable[[WarmClaim], tuple[str, Lease | None]]) -> tuple[str, Lease | None]:
