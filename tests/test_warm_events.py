@@ -298,3 +298,33 @@ def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
     stats = s.stats()
     assert stats["ledger_predictions"] == 2 == stats["ledger_predictions_exact"]
     assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] > 0
+
+
+def test_a_warm_the_ledger_never_showed_leaves_no_baseline_for_top_ups():
+    """A live ledger that stops hearing from the server mid-warm gives no top-up baseline; one that shows the warm does."""
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+    from agentkv.warm.aware import SlowResidency
+
+    def stored(hashes, parent, tokens, extra):
+        return KVEventBatch(ts=time.time(), events=[BlockStored(
+            block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=16, lora_id=None,
+            medium="GPU", lora_name=None, extra_keys=extra)])
+
+    publisher = ZmqEventPublisher(endpoint="tcp://127.0.0.1:*")
+    backend = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="quiet", kv_events=publisher.endpoint)
+    warmed, prompt, policy = list(range(64)), list(range(64)) + [7] * 40, WarmAheadPolicy(top_up_tokens=16)
+    try:
+        with CacheLedger([backend]) as ledger:
+            deadline = time.monotonic() + 10
+            while ledger.block_size(backend) is None and time.monotonic() < deadline:  # the SUB joins late
+                publisher.publish(stored([1, 2], None, warmed[:32], [("s",), None]))
+                time.sleep(0.05)
+            residency = SlowResidency(ledger, backend, "s", None, settle_s=0.1)  # type: ignore[arg-type]
+            residency.settle(warmed)  # the server went quiet: the ledger shows 32 of the warm's 64 tokens
+            assert residency.outcome(prompt, True, claimed=False, policy=policy) == "cooldown"
+            publisher.publish(stored([3, 4], 2, warmed[32:], [None, None]))
+            residency.settle(warmed)  # now the warm shows in full: a baseline, and the 40-token tail tops up
+            assert residency.outcome(prompt, True, claimed=False, policy=policy) == "top_up"
+    finally:
+        publisher.shutdown()
