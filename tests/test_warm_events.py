@@ -328,3 +328,17 @@ def test_a_warm_the_ledger_never_showed_leaves_no_baseline_for_top_ups():
             assert residency.outcome(prompt, True, claimed=False, policy=policy) == "top_up"
     finally:
         publisher.shutdown()
+
+
+def test_an_event_aware_warm_broken_by_an_in_place_edit_warns_at_escalation(rig):
+    """An agent editing its own system message dict in place after an event-aware warm still gets the broken-warm
+    warning when it escalates (the warm job keeps the prompt as it was sent)."""
+    import copy
+
+    msgs = copy.deepcopy(turns(1)[1])
+    s = session(rig, "in-place")
+    turn(s, msgs)
+    assert s.stats()["warm_fired"] == 1
+    msgs[0]["content"] = SYSTEM * 100  # the same dict the warm was built from: a longer, different system prompt
+    turn(s, msgs)
+    assert s.last_route.role == "slow" and s.stats()["warm_prefix_broken"] == 1

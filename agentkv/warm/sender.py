@@ -186,7 +186,8 @@ class WarmAhead:
         if self.residency is not None and outcome in ("fire", "cooldown"):
             owns = self.residency.busy.acquire(blocking=False)
             if owns or outcome == "fire":  # a claimed warm is always decided; a check only when none runs
-                self._pending = (payload, outcome == "fire", owns)
+                # the prompt as sent: the job reads its ids later, and a sent warm becomes ``warmed``
+                self._pending = (detached(payload, deep=True), outcome == "fire", owns)
             return outcome  # counted by the job, once it knows what the slow server holds
         if outcome == "fire":
             self._stats.add("warm_fired")
