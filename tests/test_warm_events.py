@@ -342,3 +342,31 @@ def test_an_event_aware_warm_broken_by_an_in_place_edit_warns_at_escalation(rig)
     msgs[0]["content"] = SYSTEM * 100  # the same dict the warm was built from: a longer, different system prompt
     turn(s, msgs)
     assert s.last_route.role == "slow" and s.stats()["warm_prefix_broken"] == 1
+
+
+def test_event_aware_warms_waiting_on_a_silent_ledger_leave_pool_workers_for_other_warms():
+    """Many sessions' warms waiting for a live but silent ledger to show them hold at most two of the pool's four
+    workers, so another session's plain warm still goes out."""
+    from test_http_seam import SLOW, Answers, make_session, turns as seam_turns, vllm_like
+
+    from agentkv.ledger import CacheLedger
+    from agentkv.testing import FakeHttp
+
+    http = FakeHttp(vllm_like)
+    plain = make_session(http, True)
+    silent = Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", window=16384, kv_events="tcp://127.0.0.1:9")
+    probe = make_session(FakeHttp(vllm_like), True)
+    first = next(m for m in seam_turns(30) if (probe.completion(messages=m, max_tokens=8), probe.stats()["warm_fired"])[1])
+    with CacheLedger([silent]) as ledger:  # nothing publishes there: no warm ever shows
+        sessions = [Session(plain.fast, silent, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
+                            cooldowns=CooldownMap(), in_flight=InFlightLimit(4), tenant=f"t{i}",
+                            cache_salt_secret="k", ledger=ledger) for i in range(6)]
+        for s in sessions:
+            s._warm.residency.settle_s = 120.0  # each would hold its worker for two minutes
+            s.completion(messages=first, max_tokens=8)
+        victim = make_session(http, True)
+        victim.completion(messages=first, max_tokens=8)
+        assert victim.drain_warms(30) and victim.stats()["warm_completed"] == 1
+        assert sum(s.stats()["warm_fired"] for s in sessions) == 6
+    for s in sessions:  # the stopped ledger ends the waits
+        assert s.drain_warms(30)

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["SlowResidency"]
 
 _POLL_S = 0.01
+# pool threads that may sleep waiting for a warm to show at once: the rest confirm at once (a warm not yet shown
+# leaves no baseline), so a silent ledger under many sessions cannot take the 4 workers other warms need
+_SETTLING = threading.BoundedSemaphore(2)
 
 
 class SlowResidency:
@@ -88,10 +91,17 @@ class SlowResidency:
             self._warmed = (ids, 0)
 
     def settle(self, ids: list[int]) -> None:
-        """Wait (up to ``settle_s``, in a worker thread) for the ledger to show a sent warm's blocks, then remember."""
-        deadline = time.monotonic() + self.settle_s
-        while not (settled := self._settled(ids)) and self.ledger.live(self.backend) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+        """Wait (up to ``settle_s``, in a worker thread: at most two such waits at once) for the ledger to show a sent
+        warm's blocks, then remember."""
+        if not _SETTLING.acquire(blocking=False):
+            self._confirmed(ids, self._settled(ids))
+            return
+        try:
+            deadline = time.monotonic() + self.settle_s
+            while not (settled := self._settled(ids)) and self.ledger.live(self.backend) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+        finally:
+            _SETTLING.release()
         self._confirmed(ids, settled)
 
     async def asettle(self, ids: list[int]) -> None:
