@@ -370,3 +370,16 @@ def test_event_aware_warms_waiting_on_a_silent_ledger_leave_pool_workers_for_oth
         assert sum(s.stats()["warm_fired"] for s in sessions) == 6
     for s in sessions:  # the stopped ledger ends the waits
         assert s.drain_warms(30)
+
+
+def test_a_namesake_backend_on_another_server_is_not_followed():
+    """The ledger follows a backend by name and server: a Session's slow of the same name elsewhere gets no
+    event-aware warms or predictions from the other server's tree."""
+    from agentkv.ledger import CacheLedger
+
+    followed = Backend("hosted_vllm/m", api_base="http://10.0.0.1:8000/v1", name="slow", kv_events="tcp://10.0.0.1:5557")
+    elsewhere = Backend("hosted_vllm/m", api_base="http://10.0.0.2:8000/v1", name="slow")
+    same = Backend("hosted_vllm/m", api_base="http://10.0.0.1:8000/v1/", name="slow")
+    ledger = CacheLedger([followed])  # never started: follows() is about configuration
+    assert ledger.follows(followed) and ledger.follows(same) and ledger.follows("slow")
+    assert not ledger.follows(elsewhere)

@@ -280,8 +280,12 @@ class CacheLedger:
             return self._trees[name].block_size
 
     def follows(self, backend: Any) -> bool:
-        """True when this ledger follows ``backend`` (it declares a ``kv_events`` endpoint the ledger subscribed to)."""
-        return (backend if isinstance(backend, str) else backend.label) in self._trees
+        """True when this ledger follows ``backend``: a backend of that name declared a ``kv_events`` endpoint the
+        ledger subscribed to, and (for a Backend) at the same server (a namesake elsewhere is not the tree's server)."""
+        name = backend if isinstance(backend, str) else backend.label
+        if name not in self._trees:
+            return False
+        return isinstance(backend, str) or getattr(backend, "server_root", None) == self._roots[name]
 
     def live(self, backend: Any) -> bool:
         """True while ``backend``'s subscription runs (started, not stopped): its tree is kept current. A stopped or
