@@ -383,3 +383,27 @@ def test_a_namesake_backend_on_another_server_is_not_followed():
     ledger = CacheLedger([followed])  # never started: follows() is about configuration
     assert ledger.follows(followed) and ledger.follows(same) and ledger.follows("slow")
     assert not ledger.follows(elsewhere)
+
+
+def test_a_touched_block_ranks_warmer_whatever_clock_the_ledger_was_given():
+    """touch() stamps blocks in the publishers' time, so with an injected (monotonic) ledger clock a block just
+    read still ranks warmer than one stored earlier and never read."""
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+
+    publisher = ZmqEventPublisher(endpoint="tcp://127.0.0.1:*")
+    backend = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="ranked", kv_events=publisher.endpoint)
+    try:
+        with CacheLedger([backend], clock=time.monotonic) as ledger:
+            deadline = time.monotonic() + 10
+            while len(ledger.blocks(backend)) < 2 and time.monotonic() < deadline:  # the SUB joins late
+                for block in (1, 2):  # block 1 stored first, then block 2
+                    publisher.publish(KVEventBatch(ts=time.time(), events=[BlockStored(
+                        block_hashes=[block], parent_block_hash=None, token_ids=[block] * 4, block_size=4, lora_id=None,
+                        medium="GPU", lora_name=None, extra_keys=[None])]))
+                    time.sleep(0.02)
+            assert ledger.touch(backend, [1] * 4, None) == 1  # block 1 is read now
+            ranked = ledger.eviction_ranking(backend, as_vram_manager=True)
+            assert [block.block_hash for block in ranked] == [2, 1]
+    finally:
+        publisher.shutdown()

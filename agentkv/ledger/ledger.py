@@ -182,7 +182,8 @@ class CacheLedger:
         """Record that a request just read this prompt's resident blocks (they are now the warmest)."""
         name = self._name(backend)
         with self._locks[name]:
-            return self._trees[name].touch(token_ids, cache_salt, self.clock())
+            # the publishers' clock (stored blocks carry their batch's ``time.time()``), not the injectable one
+            return self._trees[name].touch(token_ids, cache_salt, time.time())
 
     # --- eviction ranking, fail-closed --------------------------------------------------------------
 
