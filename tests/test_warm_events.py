@@ -278,7 +278,9 @@ def test_a_stopped_ledger_hands_the_decision_back_to_the_cooldown(rig):
     stats = s.stats()
     assert (stats["warm_top_up"], stats["warm_rewarm_evicted"], stats["warm_failed"]) == (0, 0, 0)
     assert stats["warm_skipped_cooldown"] == len(history) - 2
-    assert stats["ledger_predictions"] == 0
+    turn(s, [{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Stale."}])
+    assert s.last_route.role == "slow"  # a request to the followed backend, predicted from nothing
+    assert (s.stats()["ledger_predictions"], s.stats()["ledger_predictions_unknown"]) == (0, 1)
 
 
 def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
