@@ -46,6 +46,19 @@ def test_top_up_tokens_is_validated():
     assert WarmAheadPolicy().top_up_tokens == 1024
 
 
+@pytest.mark.parametrize("tenant", ["acme", "acme#event", ""])
+def test_no_tenant_can_claim_inside_another_tenants_event_namespace(tenant):
+    """A tenant's re-warm/top-up namespace is never a tenant name a Session accepts (acme#event cannot reach acme's)."""
+    from agentkv.warm.sender import event_namespace
+
+    namespace = event_namespace(tenant)
+    assert namespace not in ("acme", "acme#event", "") and event_namespace(tenant + "x") != namespace
+    fast = Backend("hosted_vllm/f", api_base="http://127.0.0.1:9/v1", name="fast", window=2048)
+    slow = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="slow", window=16384)
+    with pytest.raises(ConfigurationError):
+        Session(fast, slow, tenant=namespace, cache_salt_secret="k")
+
+
 # --- against the servers -------------------------------------------------------------------------------------
 
 pytest.importorskip("torch")
@@ -244,3 +257,155 @@ async def test_the_async_event_aware_path_makes_no_sync_http_call():
     assert stats["warm_skipped_cooldown"] >= 1 and stats["ledger_predictions"] == 1
     assert any(c.url == f"{SLOW.removesuffix('/v1')}/tokenize" for c in http.calls)
     assert http.blocking_calls == [] and all(c.asynchronous for c in http.calls)
+
+
+def test_a_stopped_ledger_hands_the_decision_back_to_the_cooldown(rig):
+    """Once its ledger stops, a session sends no top-up or re-warm from the stale tree, and predicts nothing."""
+    from agentkv.ledger import CacheLedger
+
+    history, policy = turns(7, words=40), WarmAheadPolicy(top_up_tokens=128)
+    slow = rig["backends"][1]
+    fast = rig["backends"][0]
+    ledger = CacheLedger([slow]).start()
+    s = Session(fast, slow, tenant="stopped", session_id=str(uuid.uuid4()), warm_ahead=policy,
+                cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
+                in_flight=InFlightLimit(4), ledger=ledger)
+    turn(s, history[1])
+    assert s.stats()["warm_fired"] == 1
+    ledger.stop()
+    for messages in history[2:]:
+        turn(s, messages)
+    stats = s.stats()
+    assert (stats["warm_top_up"], stats["warm_rewarm_evicted"], stats["warm_failed"]) == (0, 0, 0)
+    assert stats["warm_skipped_cooldown"] == len(history) - 2
+    turn(s, [{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Stale."}])
+    assert s.last_route.role == "slow"  # a request to the followed backend, predicted from nothing
+    assert (s.stats()["ledger_predictions"], s.stats()["ledger_predictions_unknown"]) == (0, 1)
+
+
+def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
+    """A ledger with an injected (monotonic) clock still predicts exactly: sends are stamped in the publisher's time."""
+    from agentkv.ledger import CacheLedger
+
+    history = [[{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Clock."}]]
+    history.append(history[-1] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Again."}])
+    fast, slow = rig["backends"]
+    with CacheLedger([slow], clock=time.monotonic) as ledger:
+        s = Session(fast, slow, tenant="clock", session_id=str(uuid.uuid4()), warm_ahead=POLICY,
+                    cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
+                    in_flight=InFlightLimit(4), ledger=ledger)
+        for messages in history:
+            turn(s, messages)
+            assert s.last_route.role == "slow"
+    stats = s.stats()
+    assert stats["ledger_predictions"] == 2 == stats["ledger_predictions_exact"]
+    assert stats["ledger_predicted_tokens"] == stats["ledger_reported_tokens"] > 0
+
+
+def test_a_warm_the_ledger_never_showed_leaves_no_baseline_for_top_ups():
+    """A live ledger that stops hearing from the server mid-warm gives no top-up baseline; one that shows the warm does."""
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+    from agentkv.warm.aware import SlowResidency
+
+    def stored(hashes, parent, tokens, extra):
+        return KVEventBatch(ts=time.time(), events=[BlockStored(
+            block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=16, lora_id=None,
+            medium="GPU", lora_name=None, extra_keys=extra)])
+
+    publisher = ZmqEventPublisher(endpoint="tcp://127.0.0.1:*")
+    backend = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="quiet", kv_events=publisher.endpoint)
+    warmed, prompt, policy = list(range(64)), list(range(64)) + [7] * 40, WarmAheadPolicy(top_up_tokens=16)
+    try:
+        with CacheLedger([backend]) as ledger:
+            deadline = time.monotonic() + 10
+            while ledger.block_size(backend) is None and time.monotonic() < deadline:  # the SUB joins late
+                publisher.publish(stored([1, 2], None, warmed[:32], [("s",), None]))
+                time.sleep(0.05)
+            residency = SlowResidency(ledger, backend, "s", None, settle_s=0.1)  # type: ignore[arg-type]
+            residency.settle(warmed)  # the server went quiet: the ledger shows 32 of the warm's 64 tokens
+            assert residency.outcome(prompt, True, claimed=False, policy=policy) == "cooldown"
+            publisher.publish(stored([3, 4], 2, warmed[32:], [None, None]))
+            residency.settle(warmed)  # now the warm shows in full: a baseline, and the 40-token tail tops up
+            assert residency.outcome(prompt, True, claimed=False, policy=policy) == "top_up"
+    finally:
+        publisher.shutdown()
+
+
+def test_an_event_aware_warm_broken_by_an_in_place_edit_warns_at_escalation(rig):
+    """An agent editing its own system message dict in place after an event-aware warm still gets the broken-warm
+    warning when it escalates (the warm job keeps the prompt as it was sent)."""
+    import copy
+
+    msgs = copy.deepcopy(turns(1)[1])
+    s = session(rig, "in-place")
+    turn(s, msgs)
+    assert s.stats()["warm_fired"] == 1
+    msgs[0]["content"] = SYSTEM * 100  # the same dict the warm was built from: a longer, different system prompt
+    turn(s, msgs)
+    assert s.last_route.role == "slow" and s.stats()["warm_prefix_broken"] == 1
+
+
+def test_event_aware_warms_waiting_on_a_silent_ledger_leave_pool_workers_for_other_warms():
+    """Many sessions' warms waiting for a live but silent ledger to show them hold at most two of the pool's four
+    workers, so another session's plain warm still goes out."""
+    from test_http_seam import SLOW, Answers, make_session, turns as seam_turns, vllm_like
+
+    from agentkv.ledger import CacheLedger
+    from agentkv.testing import FakeHttp
+
+    http = FakeHttp(vllm_like)
+    plain = make_session(http, True)
+    silent = Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", window=16384, kv_events="tcp://127.0.0.1:9")
+    probe = make_session(FakeHttp(vllm_like), True)
+    first = next(m for m in seam_turns(30) if (probe.completion(messages=m, max_tokens=8), probe.stats()["warm_fired"])[1])
+    with CacheLedger([silent]) as ledger:  # nothing publishes there: no warm ever shows
+        sessions = [Session(plain.fast, silent, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
+                            cooldowns=CooldownMap(), in_flight=InFlightLimit(4), tenant=f"t{i}",
+                            cache_salt_secret="k", ledger=ledger) for i in range(6)]
+        for s in sessions:
+            s._warm.residency.settle_s = 120.0  # each would hold its worker for two minutes
+            s.completion(messages=first, max_tokens=8)
+        victim = make_session(http, True)
+        victim.completion(messages=first, max_tokens=8)
+        assert victim.drain_warms(30) and victim.stats()["warm_completed"] == 1
+        assert sum(s.stats()["warm_fired"] for s in sessions) == 6
+    for s in sessions:  # the stopped ledger ends the waits
+        assert s.drain_warms(30)
+
+
+def test_a_namesake_backend_on_another_server_is_not_followed():
+    """The ledger follows a backend by name and server: a Session's slow of the same name elsewhere gets no
+    event-aware warms or predictions from the other server's tree."""
+    from agentkv.ledger import CacheLedger
+
+    followed = Backend("hosted_vllm/m", api_base="http://10.0.0.1:8000/v1", name="slow", kv_events="tcp://10.0.0.1:5557")
+    elsewhere = Backend("hosted_vllm/m", api_base="http://10.0.0.2:8000/v1", name="slow")
+    same = Backend("hosted_vllm/m", api_base="http://10.0.0.1:8000/v1/", name="slow")
+    ledger = CacheLedger([followed])  # never started: follows() is about configuration
+    assert ledger.follows(followed) and ledger.follows(same) and ledger.follows("slow")
+    assert not ledger.follows(elsewhere)
+
+
+def test_a_touched_block_ranks_warmer_whatever_clock_the_ledger_was_given():
+    """touch() stamps blocks in the publishers' time, so with an injected (monotonic) ledger clock a block just
+    read still ranks warmer than one stored earlier and never read."""
+    from agentkv.ledger import CacheLedger
+    from agentkv.local.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+
+    publisher = ZmqEventPublisher(endpoint="tcp://127.0.0.1:*")
+    backend = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="ranked", kv_events=publisher.endpoint)
+    try:
+        with CacheLedger([backend], clock=time.monotonic) as ledger:
+            deadline = time.monotonic() + 10
+            while len(ledger.blocks(backend)) < 2 and time.monotonic() < deadline:  # the SUB joins late
+                for block in (1, 2):  # block 1 stored first, then block 2
+                    publisher.publish(KVEventBatch(ts=time.time(), events=[BlockStored(
+                        block_hashes=[block], parent_block_hash=None, token_ids=[block] * 4, block_size=4, lora_id=None,
+                        medium="GPU", lora_name=None, extra_keys=[None])]))
+                    time.sleep(0.02)
+            assert ledger.touch(backend, [1] * 4, None) == 1  # block 1 is read now
+            ranked = ledger.eviction_ranking(backend, as_vram_manager=True)
+            assert [block.block_hash for block in ranked] == [2, 1]
+    finally:
+        publisher.shutdown()

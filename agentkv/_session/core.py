@@ -177,8 +177,9 @@ class SessionCore:
                        timeout_s=self.request_timeout_s, sent_at=self._stamp())
 
     def _stamp(self) -> float | None:
-        """The ledger's clock now (the prediction reads the ledger as of it); None without a ledger."""
-        return self.cache_ledger.clock() if self.cache_ledger is not None else None
+        """The publishers' clock now (vLLM stamps event batches with ``time.time()``; the prediction reads the ledger
+        as of it, whatever clock the ledger was given); None without a ledger."""
+        return time.time() if self.cache_ledger is not None else None
 
     def _log_route(self, decision: RouteDecision, count: TokenCount) -> None:
         self.last_route = decision

@@ -1,7 +1,8 @@
 """The ledger's prediction for each request, checked against the ``cached_tokens`` its response reports.
 
 A request to a backend the Session's :class:`~agentkv.ledger.CacheLedger` follows is stamped with the
-ledger's clock when it is planned (``Attempt.sent_at``). After the answer, off the request path, the
+publishers' clock (``time.time()``, as vLLM stamps event batches) when it is planned (``Attempt.sent_at``).
+After the answer, off the request path, the
 backend's token ids for the prompt are fetched (its ``/tokenize``, or a template declared for it: the
 counter's cache answers when the warm's job already asked) and the ledger is read *as of the stamp*:
 blocks stored after it, the request's own among them, are ignored. The prediction and the reported
@@ -72,6 +73,7 @@ class Prediction:
 
 def _resident(prediction: Prediction, ids: tuple[list[int], bool], salt: str | None, sent_at: float) -> None:
     token_ids, exact = ids
+    exact = exact and prediction.ledger.live(prediction.backend)  # a stopped ledger's tree is stale: no prediction
     predicted = prediction.ledger.resident_tokens(prediction.backend, token_ids, salt, as_of=sent_at) if exact else None
     prediction.predicted(predicted, len(token_ids) if exact else 0)
 

@@ -141,10 +141,11 @@ class CacheLedger:
                         as_of: float | None = None) -> int:
         """How many leading tokens of this prompt a request with ``cache_salt`` would find cached, right now.
 
-        ``as_of`` (a :attr:`clock` reading, e.g. when a request was sent): blocks stored after it are ignored, so a
+        ``as_of`` (a publisher-clock reading, ``time.time()`` as vLLM stamps its batches, not :attr:`clock`, which
+        may be injected; e.g. when a request was sent): blocks stored after it are ignored, so a
         prediction made after the send is not inflated by the blocks the request itself stored. Blocks evicted
         since are gone from the tree either way (the answer can then fall short), and the comparison assumes the
-        publisher's clock agrees with :attr:`clock` (same host, or NTP-synchronised)."""
+        publisher's clock agrees with the caller's ``time.time()`` (same host, or NTP-synchronised)."""
         name = self._name(backend)
         with self._locks[name]:
             return self._trees[name].resident_tokens(token_ids, cache_salt, as_of)
@@ -181,7 +182,8 @@ class CacheLedger:
         """Record that a request just read this prompt's resident blocks (they are now the warmest)."""
         name = self._name(backend)
         with self._locks[name]:
-            return self._trees[name].touch(token_ids, cache_salt, self.clock())
+            # the publishers' clock (stored blocks carry their batch's ``time.time()``), not the injectable one
+            return self._trees[name].touch(token_ids, cache_salt, time.time())
 
     # --- eviction ranking, fail-closed --------------------------------------------------------------
 
@@ -279,8 +281,18 @@ class CacheLedger:
             return self._trees[name].block_size
 
     def follows(self, backend: Any) -> bool:
-        """True when this ledger follows ``backend`` (it declares a ``kv_events`` endpoint the ledger subscribed to)."""
-        return (backend if isinstance(backend, str) else backend.label) in self._trees
+        """True when this ledger follows ``backend``: a backend of that name declared a ``kv_events`` endpoint the
+        ledger subscribed to, and (for a Backend) at the same server (a namesake elsewhere is not the tree's server)."""
+        name = backend if isinstance(backend, str) else backend.label
+        if name not in self._trees:
+            return False
+        return isinstance(backend, str) or getattr(backend, "server_root", None) == self._roots[name]
+
+    def live(self, backend: Any) -> bool:
+        """True while ``backend``'s subscription runs (started, not stopped): its tree is kept current. A stopped or
+        never-started ledger still answers from its last tree, which nothing corrects any more."""
+        name = backend if isinstance(backend, str) else backend.label
+        return name in self._subscribers and self._subscribers[name].running
 
     def last_seq(self, backend: Any) -> int:
         """The last sequence number applied for ``backend`` (-1 before the first)."""

@@ -61,6 +61,11 @@ class EndpointSubscriber:
         self._ready.wait(5.0)
         return self
 
+    @property
+    def running(self) -> bool:
+        """The thread is started and not stopped (the tree follows the publisher)."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)

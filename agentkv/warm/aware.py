@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["SlowResidency"]
 
 _POLL_S = 0.01
+# pool threads that may sleep waiting for a warm to show at once: the rest confirm at once (a warm not yet shown
+# leaves no baseline), so a silent ledger under many sessions cannot take the 4 workers other warms need
+_SETTLING = threading.BoundedSemaphore(2)
 
 
 class SlowResidency:
@@ -60,9 +63,10 @@ class SlowResidency:
         return Residency(len(ids), self.held(ids), warmed[1], self.held(warmed[0]))
 
     def outcome(self, ids: Sequence[int], exact: bool, *, claimed: bool, policy: WarmAheadPolicy) -> EventOutcome:
-        """The event-aware outcome; without the server's exact ids, or before the ledger has seen any block from
-        the server (no events arriving), the plain guards decide (fire if claimed)."""
-        if not exact or self.ledger.block_size(self.backend) is None:
+        """The event-aware outcome; without the server's exact ids, before the ledger has seen any block from the
+        server (no events arriving), or once the ledger is stopped (its tree is stale), the plain guards decide (fire
+        if claimed)."""
+        if not exact or not self.ledger.live(self.backend) or self.ledger.block_size(self.backend) is None:
             emit("warm_residency_unknown", level="debug", backend=self.backend.label, tokens=len(ids))
             return "fire" if claimed else "cooldown"
         return decide_event_warm(self.residency(ids), claimed=claimed, policy=policy)
@@ -76,16 +80,33 @@ class SlowResidency:
         size = self.ledger.block_size(self.backend)
         return size is not None and self.held(ids) >= len(ids) // size * size
 
+    def _confirmed(self, ids: list[int], settled: bool) -> None:
+        """Remember a sent warm; one the ledger never showed leaves no baseline (the cooldown decides until the next
+        claimed warm shows), so a stale or silent ledger cannot make every later turn a top-up or a re-warm."""
+        if settled:
+            self.remember(ids)
+            return
+        emit("warm_unconfirmed", level="debug", backend=self.backend.label, tokens=len(ids))
+        with self._lock:
+            self._warmed = (ids, 0)
+
     def settle(self, ids: list[int]) -> None:
-        """Wait (up to ``settle_s``, in a worker thread) for the ledger to show a sent warm's blocks, then remember."""
-        deadline = time.monotonic() + self.settle_s
-        while not self._settled(ids) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        self.remember(ids)
+        """Wait (up to ``settle_s``, in a worker thread: at most two such waits at once) for the ledger to show a sent
+        warm's blocks, then remember."""
+        if not _SETTLING.acquire(blocking=False):
+            self._confirmed(ids, self._settled(ids))
+            return
+        try:
+            deadline = time.monotonic() + self.settle_s
+            while not (settled := self._settled(ids)) and self.ledger.live(self.backend) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+        finally:
+            _SETTLING.release()
+        self._confirmed(ids, settled)
 
     async def asettle(self, ids: list[int]) -> None:
         """The async twin of :meth:`settle` (the wait is ``asyncio.sleep``)."""
         deadline = time.monotonic() + self.settle_s
-        while not self._settled(ids) and time.monotonic() < deadline:
+        while not (settled := self._settled(ids)) and self.ledger.live(self.backend) and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
-        self.remember(ids)
+        self._confirmed(ids, settled)

@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 
 from agentkv._defaults import process_default
 from agentkv._http import HttpTransport
+from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
@@ -38,6 +39,12 @@ _COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_u
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
+_EVENT_SEP = "\x00"  # no tenant name holds it, so no tenant's cooldown map is another's event namespace
+
+
+def event_namespace(tenant: str | None) -> str:
+    """The namespace of a tenant's re-warm and top-up claims (a tenant named ``acme#event`` cannot reach acme's)."""
+    return f"{tenant or ''}{_EVENT_SEP}event"
 
 
 class DaemonPool:
@@ -129,6 +136,8 @@ class WarmAhead:
                  *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self._store, self._stats, self._jobs = store, stats, jobs
+        if tenant is not None and _EVENT_SEP in tenant:
+            raise ConfigurationError(f"a tenant name cannot contain {_EVENT_SEP!r} (it separates event-aware claims)")
         self._session_id, self._tenant = session_id, tenant
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
@@ -189,7 +198,8 @@ class WarmAhead:
         if self.residency is not None and outcome in ("fire", "cooldown"):
             owns = self.residency.busy.acquire(blocking=False)
             if owns or outcome == "fire":  # a claimed warm is always decided; a check only when none runs
-                self._pending = (payload, outcome == "fire", owns)
+                # the prompt as sent: the job reads its ids later, and a sent warm becomes ``warmed``
+                self._pending = (detached(payload, deep=True), outcome == "fire", owns)
             return outcome  # counted by the job, once it knows what the slow server holds
         if outcome == "fire":
             self._stats.add("warm_fired")
@@ -333,12 +343,12 @@ class WarmAhead:
         return outcome
 
     def _event_claim(self) -> WarmClaim:
-        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own ``#event`` namespace (so its short
+        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own event namespace (so its short
         marker never shortens, crowds or expires the tenant's cooldowns) and a key of its own (the session's one
         check at a time, :attr:`SlowResidency.busy`, is what spaces them)."""
         p = self.policy
         self._events_claimed += 1
-        return WarmClaim(f"{self._tenant or ''}#event", f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
+        return WarmClaim(event_namespace(self._tenant), f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
                          p.max_sessions, p.max_in_flight, lease_s=p.timeout_s + 1.0)
 
     def _try_claim(self, claim: Callable[[WarmClaim], tuple[str, Lease | None]]) -> tuple[str, Lease | None]:
