@@ -12,12 +12,14 @@ tokens over its turns after the first), A's, B's mean time to first token, and t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import time
 from typing import Any
 
 import httpx
+import structlog
 
 from agentkv.local.engine import LocalEngine
 from agentkv.local.server import LocalServer
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--flood", type=int, default=4, help="A's requests between two of B's turns")
     args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     results = {}
     for policy in ("fair", "lru"):
         engine = LocalEngine.from_size(args.size, max_model_len=2048, num_blocks=args.blocks, eviction_policy=policy)
