@@ -68,6 +68,34 @@ def test_gate_settings_are_validated():
         WarmAheadPolicy(growth_turns=1)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("cache_lifetime_s", math.nan), ("cache_lifetime_s", -1.0), ("cache_lifetime_s", "600"), ("cooldown_s", math.nan),
+    ("timeout_s", math.nan), ("break_even", "yes"), ("enabled", 1), ("growth_turns", 2.5),
+])
+def test_bad_gate_settings_raise_configuration_error_naming_the_field(field, value):
+    """NaN (which slips past ``<= 0``), a string or a non-bool switch is refused as a ConfigurationError by name."""
+    with pytest.raises(ConfigurationError, match=f"WarmAheadPolicy.{field}"):
+        WarmAheadPolicy(**{field: value})
+
+
+def test_an_infinite_lifetime_is_accepted_and_fires_on_any_growth():
+    """``cache_lifetime_s=inf`` (a cache that never evicts) is a valid setting: any growing conversation warms."""
+    assert decide_break_even(linear(3, growth=1, pace=3600), boundary_tokens=5000,
+                             lifetime_s=WarmAheadPolicy(cache_lifetime_s=math.inf).cache_lifetime_s) == "fire"
+
+
+def test_a_truncated_conversation_is_forecast_from_its_regrowth():
+    """An agent that compacts its history and then grows fast again warms: the samples before the shrink are
+    not averaged into its growth (they would read as shrinking); a shrink on the newest turn is not growth."""
+    truncated = [TurnSample(0, 1700), TurnSample(30, 1750), TurnSample(60, 1000), TurnSample(90, 1200),
+                 TurnSample(120, 1400)]
+    assert decide_break_even(truncated, boundary_tokens=1792, lifetime_s=600) == "fire"
+    forecast = forecast_escalation(truncated, boundary_tokens=1792)
+    assert forecast is not None and (forecast.turns, forecast.tokens_per_turn) == (2, 200)
+    just_shrunk = truncated[:3]
+    assert decide_break_even(just_shrunk, boundary_tokens=1792, lifetime_s=1e9) == "break_even"
+
+
 histories = st.lists(st.tuples(st.floats(0, 3600), st.integers(0, 5000)), min_size=2, max_size=8).map(
     lambda rows: [TurnSample(t, n) for t, n in zip(sorted(r[0] for r in rows), (r[1] for r in rows))])
 
@@ -87,6 +115,16 @@ def test_linear_growth_forecasts_exactly(growth, pace, turns, start, boundary):
     expected = max(0, math.ceil((boundary - last) / growth))
     assert forecast is not None and forecast.turns == expected
     assert forecast.seconds == pytest.approx(expected * pace)
+
+
+@given(histories, st.integers(1, 8000))
+def test_the_forecast_reads_only_the_growth_since_the_last_shrink(history, boundary):
+    """Whatever preceded the conversation's last shrink, the forecast equals the one of the samples since it."""
+    drops = [i for i in range(1, len(history)) if history[i].tokens < history[i - 1].tokens]
+    tail = history[min(drops[-1], len(history) - 2):] if drops else history
+    assert forecast_escalation(history, boundary_tokens=boundary) == forecast_escalation(tail, boundary_tokens=boundary)
+    if len(tail) > 2:
+        assert forecast_escalation(tail, boundary_tokens=boundary).tokens_per_turn >= 0
 
 
 @given(histories, st.integers(1, 8000), st.floats(1, 1e5), st.floats(0.01, 1))

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-__all__ = ["BreakEvenOutcome", "Forecast", "TurnSample", "decide_break_even", "forecast_escalation"]
+__all__ = ["BreakEvenOutcome", "Forecast", "TurnSample", "decide_break_even", "forecast_escalation",
+           "since_last_shrink"]
 
 BreakEvenOutcome = Literal["fire", "break_even", "no_history"]
 
@@ -47,11 +48,23 @@ class Forecast:
     seconds_per_turn: float
 
 
+def since_last_shrink(history: Sequence[TurnSample]) -> Sequence[TurnSample]:
+    """The samples that describe the conversation now: those since it last shrank (an agent that truncates or
+    compacts its history starts a new growth record), and at least the last two (a shrink on the newest step is
+    itself the evidence: not growing)."""
+    start = 0
+    for i in range(1, len(history)):
+        if history[i].tokens < history[i - 1].tokens:
+            start = i
+    return history[min(start, max(0, len(history) - 2)):]
+
+
 def forecast_escalation(history: Sequence[TurnSample], *, boundary_tokens: int) -> Forecast | None:
-    """Extrapolate the mean growth and pace over ``history`` (oldest first) to the boundary; None with fewer
-    than two samples (no rate yet)."""
+    """Extrapolate the mean growth and pace over ``history`` (oldest first; only the samples since it last
+    shrank, :func:`since_last_shrink`) to the boundary; None with fewer than two samples (no rate yet)."""
     if len(history) < 2:
         return None
+    history = since_last_shrink(history)
     first, last = history[0], history[-1]
     steps = len(history) - 1
     growth = (last.tokens - first.tokens) / steps

@@ -5,6 +5,7 @@ The stateful guards that come after this decision are in :mod:`agentkv.warm.guar
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -53,8 +54,12 @@ class WarmAheadPolicy:
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigurationError(f"WarmAheadPolicy.threshold must be in (0, 1], got {self.threshold!r}")
         for name in ("cooldown_s", "timeout_s", "cache_lifetime_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigurationError(f"WarmAheadPolicy.{name} must be positive, got {getattr(self, name)!r}")
+            value = getattr(self, name)  # NaN compares false with everything: it would pass ``<= 0`` unseen
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
+                raise ConfigurationError(f"WarmAheadPolicy.{name} must be a positive number, got {value!r}")
+        for name in ("enabled", "break_even"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"WarmAheadPolicy.{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("max_sessions", "max_in_flight", "top_up_tokens"):
             check_positive_int("WarmAheadPolicy", name, getattr(self, name))
         if isinstance(self.growth_turns, bool) or not isinstance(self.growth_turns, int) or self.growth_turns < 2:
