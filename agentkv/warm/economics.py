@@ -50,13 +50,14 @@ class Forecast:
 
 def since_last_shrink(history: Sequence[TurnSample]) -> Sequence[TurnSample]:
     """The samples that describe the conversation now: those since it last shrank (an agent that truncates or
-    compacts its history starts a new growth record), and at least the last two (a shrink on the newest step is
-    itself the evidence: not growing)."""
+    compacts its history starts a new growth record). A shrink on the newest step leaves no rate since it: the
+    whole window is read then (a truncation reads as not growing; a count that dips by an estimate's error
+    between two turns does not veto a conversation that grew over the window)."""
     start = 0
     for i in range(1, len(history)):
         if history[i].tokens < history[i - 1].tokens:
             start = i
-    return history[min(start, max(0, len(history) - 2)):]
+    return history[start:] if len(history) - start >= 2 else history
 
 
 def forecast_escalation(history: Sequence[TurnSample], *, boundary_tokens: int) -> Forecast | None:
