@@ -222,3 +222,18 @@ def test_benchmark_population_is_seeded_and_its_accounting_holds(servers):
     assert [s.escalated_turn for s in cold.sessions] == [s.escalated_turn for s in warm.sessions]
     assert any(s.escalated_turn is not None for s in warm.sessions)
     assert all(0 <= s.warm_tokens_read <= s.warm_prefill for s in warm.sessions)
+
+
+def test_every_counter_the_warm_docs_name_is_in_a_fresh_sessions_stats():
+    """``Session.stats()`` has each ``warm_*`` counter docs/warm-ahead.md names (the gate's included) at 0 from
+    the start, so a dashboard reading ``warm_skipped_break_even`` works before the gate first skips."""
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "warm-ahead.md").read_text()
+    named = set(re.findall(r"`(warm_(?:skipped_[a-z_]+|fired|failed|completed|rewarm_evicted|top_up))`", doc))
+    assert "warm_skipped_break_even" in named
+    with Session(Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", window=1000),
+                 Backend("hosted_vllm/big", api_base="http://127.0.0.1:8/v1"), cache_salt=False) as s:
+        stats = s.stats()
+    assert {name: stats.get(name) for name in named} == dict.fromkeys(named, 0)
