@@ -237,3 +237,17 @@ def test_every_counter_the_warm_docs_name_is_in_a_fresh_sessions_stats():
                  Backend("hosted_vllm/big", api_base="http://127.0.0.1:8/v1"), cache_salt=False) as s:
         stats = s.stats()
     assert {name: stats.get(name) for name in named} == dict.fromkeys(named, 0)
+
+
+@pytest.mark.parametrize("clock", [5, "monotonic", __import__("datetime").datetime.now])
+def test_a_bad_clock_is_refused_when_the_session_is_made(clock):
+    """A clock that is not callable, or returns no number (``datetime.now``), raises ConfigurationError naming
+    ``Session.clock`` at construction, before any request or network call (not later, out of a request)."""
+    from agentkv.testing import FakeHttp
+
+    http = FakeHttp(lambda method, url, body: pytest.fail(f"no call expected, got {method} {url}"))
+    with pytest.raises(ConfigurationError, match="Session.clock"):
+        Session(Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", window=1000),
+                Backend("hosted_vllm/big", api_base="http://127.0.0.1:8/v1"), cache_salt=False, http=http,
+                clock=clock, warm_ahead=WarmAheadPolicy(break_even=True))
+    assert http.calls == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import numbers
 import queue
 import threading
 import time
@@ -40,6 +41,18 @@ _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
 _EVENT_SEP = "\x00"  # no tenant name holds it, so no tenant's cooldown map is another's event namespace
+
+
+def _checked_clock(clock: Callable[[], float]) -> Callable[[], float]:
+    """The Session's ``clock``, read once here: a value that is not a callable returning a real number (say
+    ``datetime.now``) is refused now, not as an error out of a later request once the break-even gate reads it."""
+    try:
+        reading = clock()
+    except Exception as exc:
+        raise ConfigurationError(f"Session.clock must be a callable returning seconds, got {clock!r}") from exc
+    if isinstance(reading, bool) or not isinstance(reading, numbers.Real):
+        raise ConfigurationError(f"Session.clock must return seconds as a number, got {reading!r} from {clock!r}")
+    return clock
 
 
 def event_namespace(tenant: str | None) -> str:
@@ -141,7 +154,7 @@ class WarmAhead:
         self._session_id, self._tenant = session_id, tenant
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
-        self._clock = clock
+        self._clock = _checked_clock(clock)
         self.turns: collections.deque[TurnSample] = collections.deque(maxlen=policy.growth_turns)
         self.residency: SlowResidency | None = None
         self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
