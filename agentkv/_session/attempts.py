@@ -7,7 +7,6 @@ warm's rendered prompt is a token-exact prefix of the escalated request's.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -15,7 +14,7 @@ from agentkv.backends import Backend
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_cache_salt
 from agentkv.tokens import Payload, TokenCount
-from agentkv.tokens.incremental import numbers, same_json
+from agentkv.tokens.incremental import JsonSnapshot, snapshot
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
 PROMPT_KEYS = ("messages", "tools", "tool_choice", "functions", "chat_template", "chat_template_kwargs",
@@ -91,25 +90,9 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
 
 def _copied(value: Any) -> Any:
     try:
-        return _tree_copy(value)
+        return snapshot(value)
     except Exception:  # an uncopyable object inside a message: pass a copy of the list, not the caller's
         return list(value)
-
-
-_ATOMS = (str, int, float, bool, type(None))
-
-
-def _tree_copy(value: Any) -> Any:
-    """``copy.deepcopy`` for JSON-shaped data at a fraction of its cost (plain dicts and lists are rebuilt,
-    immutable leaves shared); anything else is deep-copied."""
-    kind = type(value)
-    if kind is dict:
-        return {k: _tree_copy(v) for k, v in value.items()}
-    if kind is list:
-        return [_tree_copy(v) for v in value]
-    if kind in _ATOMS:
-        return value
-    return copy.deepcopy(value)
 
 
 def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float) -> dict[str, Any]:
@@ -164,7 +147,7 @@ def as_litellm_sends(model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]
     """
     if not _strips_tools(model) or not kwargs.get("tools"):
         return kwargs
-    return {**kwargs, "tools": [_stripped(_tree_copy(tool)) for tool in kwargs["tools"]]}
+    return {**kwargs, "tools": [_stripped(snapshot(tool)) for tool in kwargs["tools"]]}
 
 
 class LitellmSends:
@@ -173,19 +156,17 @@ class LitellmSends:
     stripped list is reused otherwise (it is never edited: the request builder copies what it sends)."""
 
     def __init__(self) -> None:
-        # the caller's tools copied, where they hold numbers (1, 1.0 and True are == but not the same JSON),
-        # the model, the result
-        self._last: tuple[list[Any], list[Any], str, Mapping[str, Any]] | None = None
+        # the caller's tools copied (1, 1.0 and True are == but not the same JSON), the model, the result
+        self._last: tuple[JsonSnapshot, str, Mapping[str, Any]] | None = None
 
     def __call__(self, model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         tools = kwargs.get("tools")
         if not _strips_tools(model) or not tools or not isinstance(tools, (list, tuple)):
             return as_litellm_sends(model, kwargs)
         last = self._last
-        if last is None or last[2] != model or not same_json(last[0], last[1], list(tools)):
-            copied = _tree_copy(list(tools))
-            last = self._last = (copied, numbers(copied), model, as_litellm_sends(model, {"tools": tools}))
-        return {**kwargs, "tools": last[3]["tools"]}
+        if last is None or last[1] != model or not last[0].matches(list(tools)):
+            last = self._last = (JsonSnapshot(list(tools)), model, as_litellm_sends(model, {"tools": tools}))
+        return {**kwargs, "tools": last[2]["tools"]}
 
 
 def _strips_tools(model: str) -> bool:

@@ -18,7 +18,7 @@ import copy
 import threading
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-__all__ = ["AppendCounter", "PrefixMemo", "appends_cleanly", "numbers", "same_json", "snapshot"]
+__all__ = ["AppendCounter", "JsonSnapshot", "PrefixMemo", "appends_cleanly", "numbers", "same_json", "snapshot"]
 
 F = TypeVar("F")
 
@@ -110,6 +110,21 @@ def snapshot(value: Any) -> Any:
     if kind in _ATOMS:
         return value
     return copy.deepcopy(value)
+
+
+class JsonSnapshot:
+    """A deep copy of JSON-shaped data (:func:`snapshot`) and where it holds numbers, kept to tell whether a
+    later value still renders the same (:meth:`matches`, :func:`same_json`) after its owner edited it in place."""
+
+    __slots__ = ("numbers", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = snapshot(value)
+        self.numbers = numbers(self.value)
+
+    def matches(self, value: Any) -> bool:
+        """Whether ``value`` renders to the same JSON as the copy."""
+        return same_json(self.value, self.numbers, value)
 
 
 def numbers(value: Any) -> list[tuple[tuple[Any, ...], Any]]:

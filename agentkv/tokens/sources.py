@@ -20,8 +20,7 @@ from agentkv.events import canonical_json, digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
 from agentkv.tokens.cuts import Cuts, tokenizer_cuts
 from agentkv.tokens.encodings import DEFAULT_ENCODING, get_encoding
-from agentkv.tokens.incremental import AppendCounter, PrefixMemo, appends_cleanly, numbers, same_json
-from agentkv.tokens.incremental import snapshot as copy_snapshot
+from agentkv.tokens.incremental import AppendCounter, JsonSnapshot, PrefixMemo, appends_cleanly
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
@@ -197,8 +196,8 @@ class TemplateSource:
         self._encoder = ChunkedEncoder(self._encode, cuts=tokenizer_cuts(tokenizer if self._hf is None else self._hf))
         self._template = chat_template
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
-        # see _context: the last snapshot, its tool tokens and its numbers, replaced together (one assignment)
-        self._last_context: tuple[tuple[Any, Any, Any], int, list[Any]] | None = None
+        # see _context: the last snapshot (with its numbers) and its tool tokens, replaced together (one assignment)
+        self._last_context: tuple[JsonSnapshot, int] | None = None
         self._appended = AppendCounter(self._render_parts, self._encoder.count,
                                        f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
                                        lean=_without_tools) if incremental else None
@@ -247,12 +246,13 @@ class TemplateSource:
         :meth:`count` then compares it by identity), else a new deep copy, safe from later in-place edits."""
         context = (payload.tools, payload.tool_choice, payload.template_kwargs)
         last = self._last_context
-        if last is not None and same_json(last[0], last[2], context):
-            return last[0], last[1]
-        tools, tool_choice, template_kwargs = snapshot = copy_snapshot(context)
+        if last is not None and last[0].matches(context):
+            return last[0].value, last[1]
+        snapshot = JsonSnapshot(context)
+        tools, tool_choice, template_kwargs = snapshot.value
         tool_tokens = self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs))
-        self._last_context = (snapshot, tool_tokens, numbers(snapshot))
-        return snapshot, tool_tokens
+        self._last_context = (snapshot, tool_tokens)
+        return snapshot.value, tool_tokens
 
     def _render_parts(self, messages: Sequence[Mapping[str, Any]], context: tuple[Any, Any, Any],
                       add_generation_prompt: bool) -> str:
@@ -451,7 +451,7 @@ class TiktokenSource:
         self._lock = threading.Lock()
         # the last request's per-message counts, and its context (a snapshot: see TemplateSource._context)
         self._previous: PrefixMemo[int] = PrefixMemo(copy_context=False)
-        self._last_context: tuple[tuple[Any, Any], list[Any]] | None = None  # the snapshot and its numbers
+        self._last_context: JsonSnapshot | None = None
         self._last_tools: int | None = None
         self._priming: int | None = None
 
@@ -472,11 +472,12 @@ class TiktokenSource:
     def _snapshot(self, context: tuple[Any, Any]) -> tuple[Any, Any]:
         """The previous request's own copy of ``context`` when equal (one comparison), else a new copy."""
         last = self._last_context
-        if last is not None and same_json(last[0], last[1], context):
-            return last[0]
-        snapshot: tuple[Any, Any] = copy_snapshot(context)
-        self._last_context = (snapshot, numbers(snapshot))
-        return snapshot
+        if last is not None and last.matches(context):
+            kept: tuple[Any, Any] = last.value  # the same object: the memo behind the count compares by identity
+            return kept
+        self._last_context = snapshot = JsonSnapshot(context)
+        copied: tuple[Any, Any] = snapshot.value
+        return copied
 
     def _message_tokens(self, message: Mapping[str, Any]) -> int:
         key = digest(message, 24)
