@@ -13,7 +13,11 @@ turns are measured seconds apart. Printed side by side: escalated TTFT / fast TT
 last turn fast answered: it prefills the same ~1-turn tail on top of its own cache; the median of the three
 runs' identical turn), escalated TTFT / cold, warms sent, and the tokens slow prefilled for them.
 
-    python benchmarks/warm_ahead.py            # about 6 minutes on 2 CPU cores
+    python benchmarks/warm_ahead.py                   # embedded, then real vLLM when the tier's venv exists
+    python benchmarks/warm_ahead.py --engine vllm     # real vLLM 0.32 CPU servers only (agentkv.vllm_cpu)
+
+On real vLLM the pair is the tier's checkpoints (agentkv.vllm_cpu.models) at the same windows, slow publishing
+KV events on bind endpoints; the embedded run takes about 6 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -35,13 +39,40 @@ def main() -> None:
     parser.add_argument("--top-up", type=int, default=1024, help="WarmAheadPolicy.top_up_tokens (event-aware run)")
     parser.add_argument("--turns", action="store_true", help="print every turn of every run")
     parser.add_argument("--tiny", action="store_true", help="tiny models on both sides (a smoke run, not the figure)")
+    parser.add_argument("--engine", choices=("embedded", "vllm", "both"), default=None,
+                        help="who serves (default: both when the real-vLLM tier's venv exists, else embedded)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    config = DemoConfig(fast_window=args.fast_window, slow_window=2 * args.fast_window, result_rows=args.rows,
-                        turns_after_escalation=0, max_turns=40, tool_latency_s=0.0, max_tokens=4,
-                        warm_timeout_s=600.0, top_up_tokens=args.top_up,
-                        **({"fast_size": "tiny", "slow_size": "tiny"} if args.tiny else {}))
-    plain, aware, cold = run_modes(config)
+    engines = _engines(args.engine)
+    summary = []
+    for engine in engines:
+        config = DemoConfig(fast_window=args.fast_window, slow_window=2 * args.fast_window, result_rows=args.rows,
+                            turns_after_escalation=0, max_turns=40, tool_latency_s=0.0, max_tokens=4,
+                            warm_timeout_s=600.0, top_up_tokens=args.top_up, engine=engine,
+                            **({"fast_size": "tiny", "slow_size": "tiny"} if args.tiny else {}))
+        print(f"== {engine}: fast window {config.fast_window}, slow window {config.slow_window}")
+        row = _report(engine, run_modes(config), args)
+        if row:
+            summary.append(row)
+    if len(summary) > 1:
+        print("\nside by side (escalated TTFT, ms):")
+        print(f"{'engine':10s} {'tokens':>7s} {'cold':>8s} {'cooldown':>9s} {'event':>8s} {'event/cold':>11s}")
+        for engine, tokens, cold_ms, plain_ms, aware_ms in summary:
+            print(f"{engine:10s} {tokens:7d} {cold_ms:8.0f} {plain_ms:9.0f} {aware_ms:8.0f} {aware_ms / cold_ms:11.3f}")
+
+
+def _engines(choice: str | None) -> tuple[str, ...]:
+    if choice in ("embedded", "vllm"):
+        return (choice,)
+    if choice == "both":
+        return ("embedded", "vllm")
+    from agentkv.vllm_cpu import venv_python
+
+    return ("embedded", "vllm") if venv_python() is not None else ("embedded",)
+
+
+def _report(engine: str, runs: tuple[DemoRun, DemoRun, DemoRun], args: argparse.Namespace) -> tuple | None:
+    plain, aware, cold = runs
     if args.turns:
         for run in (plain, aware, cold):
             print(f"{run.label:11s}: " + "  ".join(
@@ -50,7 +81,7 @@ def main() -> None:
     cool = cold.escalation()
     if cool is None or plain.escalation() is None or aware.escalation() is None:
         print("no escalation happened")
-        return
+        return None
     fast = statistics.median(t.ttft_s for t in (run.last_fast_turn() for run in (plain, aware, cold)) if t)
     print(f"load average {os.getloadavg()[0]:.2f}; escalation at ~{cool.input_tokens} tokens; cold TTFT "
           f"{cool.ttft_s * 1000:.0f} ms; fast TTFT on the turn before {fast * 1000:.0f} ms; top_up_tokens {args.top_up}")
@@ -66,6 +97,9 @@ def main() -> None:
     stats = aware.stats
     print(f"ledger predictions: {stats['ledger_predictions']} ({stats['ledger_predictions_exact']} exact), predicted "
           f"{stats['ledger_predicted_tokens']} vs reported {stats['ledger_reported_tokens']} cached tokens")
+    plain_hot = plain.escalation()
+    assert plain_hot is not None
+    return engine, cool.input_tokens, cool.ttft_s * 1000, plain_hot.ttft_s * 1000, hot.ttft_s * 1000
 
 
 def _line(run: DemoRun, cold_ttft_s: float, fast_ttft_s: float) -> str:

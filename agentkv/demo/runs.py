@@ -9,13 +9,16 @@ compares the escalated turn's time to first token in the two runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Iterator
 
 TRAINED = ("The embedded models are a small family trained on this machine on the Python standard library: "
            "their text is the models' own, at the quality a few minutes of CPU training buys. The timings, token counts, "
            "routing and prefix-cache hits are real: every request goes Session -> HTTP -> a torch model.")
+REAL_VLLM = ("The models are random-weight Qwen3 checkpoints built here, served by the real vLLM 0.32 CPU build: their "
+             "text is meaningless. The timings, token counts, routing and prefix-cache hits are vLLM's own.")
 HONESTY = ("The embedded models have random weights: their text is meaningless. The timings, token counts, "
            "routing and prefix-cache hits are real: every request goes Session -> litellm -> HTTP -> a torch model.")
 
@@ -75,6 +78,7 @@ class DemoConfig:
     warm_timeout_s: float = 30.0
 
     trained: str | None = None  # a family recipe ("micro", "full"): trained models instead of random weights
+    engine: str = "embedded"  # "vllm": the real vLLM CPU build (agentkv.vllm_cpu) serves the tier's checkpoints
     top_up_tokens: int = 1024  # event-aware runs (run_modes) only
 
     @classmethod
@@ -84,13 +88,11 @@ class DemoConfig:
 
 def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]:
     """Start both servers, run the conversation warm then cold, stop the servers."""
-    from agentkv.local.server import LocalServer
-
     say = console.print if console else (lambda *_: None)
-    say(f"starting fast ({config.fast_size}, window {config.fast_window}) and slow ({config.slow_size}, "
+    sizes = ("real vLLM ", "real vLLM ") if config.engine == "vllm" else (config.fast_size, config.slow_size)
+    say(f"starting fast ({sizes[0]}, window {config.fast_window}) and slow ({sizes[1]}, "
         f"window {config.slow_window}) servers on 127.0.0.1 ...")
-    fast, slow = _servers(config, LocalServer)
-    with fast, slow:
+    with _pair(config) as (fast, slow):
         _warm_up_kernels(fast, slow)
         say("run 1: warm-ahead on")
         warm = _run(config, fast, slow, "warm-ahead", tenant="demo-warm", warm=True)
@@ -106,13 +108,10 @@ def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun
     Each run stops at its escalation (``turns_after_escalation`` is not used)."""
     from agentkv import Session, WarmAheadPolicy
     from agentkv.ledger import CacheLedger
-    from agentkv.local.server import LocalServer
     from agentkv.testing import FakeClock
     from agentkv.warm import CooldownMap
 
-    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
-    fast, slow = _servers(config, LocalServer, kv_events_config=events)
-    with fast, slow:
+    with _pair(config, kv_events=True) as (fast, slow):
         _warm_up_kernels(fast, slow)
         fast_backend, plain = _backends(fast, slow)
         followed = replace(plain, kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint)
@@ -167,6 +166,23 @@ def _run_lanes(config: DemoConfig, slow: Any, lanes: list[_Lane], console: Any) 
             console.print(f"turn {len(lanes[0].run.rows)} done")
         time.sleep(config.tool_latency_s)
         messages = messages + agent.next_turn()
+
+
+@contextlib.contextmanager
+def _pair(config: DemoConfig, kv_events: bool = False) -> Iterator[tuple[Any, Any]]:
+    """Fast and slow, started and stopped: embedded servers, or real vLLM ones (``engine="vllm"``)."""
+    if config.engine == "vllm":
+        from agentkv.vllm_cpu.pair import real_pair
+
+        with real_pair(fast_window=config.fast_window, slow_window=config.slow_window, slow_events=kv_events) as pair:
+            yield pair
+        return
+    from agentkv.local.server import LocalServer
+
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    fast, slow = _servers(config, LocalServer, kv_events_config=events if kv_events else None)
+    with fast, slow:
+        yield fast, slow
 
 
 def _servers(config: DemoConfig, server: Any, kv_events_config: Any = None) -> tuple[Any, Any]:
