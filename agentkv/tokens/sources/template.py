@@ -1,0 +1,142 @@
+"""Exact counts from the backend's own tokenizer and chat template, declared on the :class:`~agentkv.Backend`.
+
+    source = TemplateSource("/models/qwen3-8b", chat_template=template)   # or a tiktoken encoding name
+    source.count(payload)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from cachetools import LRUCache
+
+from agentkv.events import digest
+from agentkv.tokens.chunked import ChunkedEncoder
+from agentkv.tokens.cuts import tokenizer_cuts
+from agentkv.tokens.encodings import get_encoding
+from agentkv.tokens.incremental import AppendCounter, JsonSnapshot, appends_cleanly
+from agentkv.tokens.payload import Payload, TokenCount
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
+
+__all__ = ["TemplateSource"]
+
+
+class TemplateSource:
+    """Exact counts from the backend's own tokenizer and chat template.
+
+    With ``incremental`` (the default), a request that extends the previous one counted by this
+    source renders and tokenizes only the appended messages and the template's closing
+    (:class:`~agentkv.tokens.incremental.AppendCounter`); anything else is rendered in full.
+    """
+
+    name = "template"
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, *, incremental: bool = True) -> None:
+        tiktoken_name = isinstance(tokenizer, str) and _is_tiktoken_name(tokenizer)
+        self._hf = None if tiktoken_name else _hf_tokenizer(tokenizer)
+        self._encode = _encode_fn(self._hf if self._hf is not None else get_encoding(tokenizer), self._hf is not None)
+        self._encoder = ChunkedEncoder(self._encode, cuts=tokenizer_cuts(tokenizer if self._hf is None else self._hf))
+        self._template = chat_template
+        self._tool_memo: LRUCache[str, int] = LRUCache(256)
+        # see _context: the last snapshot (with its numbers) and its tool tokens, replaced together (one assignment)
+        self._last_context: tuple[JsonSnapshot, int] | None = None
+        self._appended = AppendCounter(self._render_parts, self._encoder.count,
+                                       f"{_tokenizer_name(tokenizer)}|{digest(chat_template or '', 16)}",
+                                       lean=_without_tools) if incremental else None
+        if self._appended is not None:
+            self._appended.enabled = appends_cleanly(self._template_text())
+
+    def _template_text(self) -> str:
+        if self._template is not None:
+            return self._template
+        hf_template = getattr(self._hf, "chat_template", None) if self._hf is not None else None
+        return hf_template if isinstance(hf_template, str) else CHATML_TOOLS_TEMPLATE
+
+    def render(self, payload: Payload, *, add_generation_prompt: bool = True) -> str:
+        """The text the server would tokenize for this payload."""
+        if payload.messages is None:
+            return payload.prompt or ""
+        kwargs = dict(payload.template_kwargs or {})
+        if self._hf is not None:
+            if payload.tool_choice is not None:
+                kwargs.setdefault("tool_choice", payload.tool_choice)  # visible to templates that render it
+            return str(self._hf.apply_chat_template(
+                [dict(m) for m in payload.messages], tools=list(payload.tools or []) or None,
+                chat_template=self._template, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs,
+            ))
+        return render_chat(
+            payload.messages, payload.tools, tool_choice=payload.tool_choice,
+            add_generation_prompt=add_generation_prompt, template=self._template, **kwargs,
+        )
+
+    def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of the rendered payload (for prefix diagnostics)."""
+        return list(self._encode(self.render(payload, add_generation_prompt=add_generation_prompt)))
+
+    def count(self, payload: Payload) -> TokenCount:
+        context, tools = self._context(payload)
+        total = None
+        if self._appended is not None and payload.messages and self._encoder.splits_exactly:
+            total = self._appended.count(payload.messages, context)
+        if total is None:
+            total = self._encoder.count(self.render(payload))
+        return TokenCount(total, total, min(tools if payload.messages is not None else 0, total), self.name, True)
+
+    def _context(self, payload: Payload) -> tuple[tuple[Any, Any, Any], int]:
+        """A snapshot of the payload's render context (tools, tool choice, template arguments) and its tool
+        tokens: the previous request's own snapshot when equal (one comparison per request; the memo behind
+        :meth:`count` then compares it by identity), else a new deep copy, safe from later in-place edits."""
+        context = (payload.tools, payload.tool_choice, payload.template_kwargs)
+        last = self._last_context
+        if last is not None and last[0].matches(context):
+            return last[0].value, last[1]
+        snapshot = JsonSnapshot(context)
+        tools, tool_choice, template_kwargs = snapshot.value
+        tool_tokens = self._tools_tokens(Payload((), tools, tool_choice, template_kwargs=template_kwargs))
+        self._last_context = (snapshot, tool_tokens)
+        return snapshot.value, tool_tokens
+
+    def _render_parts(self, messages: Sequence[Mapping[str, Any]], context: tuple[Any, Any, Any],
+                      add_generation_prompt: bool) -> str:
+        tools, tool_choice, template_kwargs = context
+        payload = Payload(tuple(messages), tools, tool_choice, template_kwargs=template_kwargs)
+        return self.render(payload, add_generation_prompt=add_generation_prompt)
+
+    def _tools_tokens(self, payload: Payload) -> int:
+        if not payload.tools:
+            return 0
+        key = digest([payload.tools, payload.tool_choice])
+        if key not in self._tool_memo:
+            bare = Payload(messages=(), tools=payload.tools, tool_choice=payload.tool_choice,
+                           template_kwargs=payload.template_kwargs)
+            self._tool_memo[key] = self._encoder.count(self.render(bare, add_generation_prompt=False))
+        return self._tool_memo[key]
+
+
+def _without_tools(context: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """The render context without tool schemas (most templates render them in the first turn only)."""
+    return None, None, context[2]
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    if isinstance(tokenizer, str):
+        return tokenizer
+    return f"{type(tokenizer).__name__}:{getattr(tokenizer, 'name_or_path', id(tokenizer))}"
+
+
+def _is_tiktoken_name(name: str) -> bool:
+    return name in {"cl100k_base", "o200k_base", "p50k_base", "r50k_base", "o200k_harmony"}
+
+
+def _hf_tokenizer(tokenizer: Any) -> Any:
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+
+
+def _encode_fn(tokenizer: Any, is_hf: bool) -> Callable[[str], Sequence[int]]:
+    if is_hf:
+        return lambda text: tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode_ordinary  # type: ignore[no-any-return]  # = encode(tokenizer, text) without its copy
