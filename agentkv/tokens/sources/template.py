@@ -10,12 +10,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cachetools import LRUCache
 
-from agentkv.events import digest
+from agentkv.events import digest, emit
 from agentkv.tokens.chunked import ChunkedEncoder
+from agentkv.tokens.content_format import detect_content_format
+from agentkv.tokens.conversation import vllm_conversation, vllm_tools
 from agentkv.tokens.cuts import tokenizer_cuts
 from agentkv.tokens.encodings import get_encoding
 from agentkv.tokens.incremental import AppendCounter, JsonSnapshot, appends_cleanly
-from agentkv.tokens.payload import Payload, TokenCount
+from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
 __all__ = ["TemplateSource"]
@@ -33,10 +35,11 @@ class TemplateSource:
 
     def __init__(self, tokenizer: Any, chat_template: str | None = None, *, incremental: bool = True) -> None:
         tiktoken_name = isinstance(tokenizer, str) and _is_tiktoken_name(tokenizer)
-        self._hf = None if tiktoken_name else _hf_tokenizer(tokenizer)
+        self._hf: Any = None if tiktoken_name else _hf_tokenizer(tokenizer)
         self._encode = _encode_fn(self._hf if self._hf is not None else get_encoding(tokenizer), self._hf is not None)
         self._encoder = ChunkedEncoder(self._encode, cuts=tokenizer_cuts(tokenizer if self._hf is None else self._hf))
         self._template = chat_template
+        self._hf_templates: dict[bool, str | None] = {}
         self._tool_memo: LRUCache[str, int] = LRUCache(256)
         # see _context: the last snapshot (with its numbers) and its tool tokens, replaced together (one assignment)
         self._last_context: tuple[JsonSnapshot, int] | None = None
@@ -47,27 +50,61 @@ class TemplateSource:
             self._appended.enabled = appends_cleanly(self._template_text())
 
     def _template_text(self) -> str:
-        if self._template is not None:
-            return self._template
-        hf_template = getattr(self._hf, "chat_template", None) if self._hf is not None else None
-        return hf_template if isinstance(hf_template, str) else CHATML_TOOLS_TEMPLATE
+        return self.chat_template or CHATML_TOOLS_TEMPLATE
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template text this source renders with (the tokenizer's own when none was declared; None when a
+        transformers tokenizer has none)."""
+        if self._hf is None:
+            return self._template or CHATML_TOOLS_TEMPLATE
+        return self._hf_template(False)
+
+    def _hf_template(self, tools: bool) -> str | None:
+        """The template transformers picks (a tokenizer may name a ``tool_use`` template for requests with tools)."""
+        if tools not in self._hf_templates:
+            try:
+                self._hf_templates[tools] = str(self._hf.get_chat_template(self._template, [{}] if tools else None))
+            except (ValueError, TypeError, KeyError):  # no template at all, or a dict of named ones without default
+                self._hf_templates[tools] = None
+        return self._hf_templates[tools]
 
     def render(self, payload: Payload, *, add_generation_prompt: bool = True) -> str:
-        """The text the server would tokenize for this payload."""
+        """The text the server would tokenize for this payload: for a transformers tokenizer, as vLLM renders it
+        (:mod:`agentkv.tokens.conversation`); else with :func:`~agentkv.tokens.templates.render_chat`, as the
+        embedded engine renders it. A template that refuses the conversation raises
+        :class:`~agentkv.tokens.CountUnavailable`."""
         if payload.messages is None:
             return payload.prompt or ""
-        kwargs = dict(payload.template_kwargs or {})
+        from jinja2 import TemplateError
+
         if self._hf is not None:
-            if payload.tool_choice is not None:
-                kwargs.setdefault("tool_choice", payload.tool_choice)  # visible to templates that render it
+            return self._render_hf(payload, add_generation_prompt)
+        try:
+            return render_chat(
+                payload.messages, payload.tools, tool_choice=payload.tool_choice,
+                add_generation_prompt=add_generation_prompt, template=self._template, **dict(payload.template_kwargs or {}),
+            )
+        except TemplateError as exc:
+            raise _refused(exc) from exc
+
+    def _render_hf(self, payload: Payload, add_generation_prompt: bool) -> str:
+        """vLLM's rendering: its conversation and tools, its template arguments (no ``tool_choice``: vLLM passes
+        none), transformers' ``apply_chat_template``."""
+        from jinja2 import TemplateError
+
+        template = self._hf_template(bool(payload.tools))
+        if template is None:
+            raise CountUnavailable("the tokenizer has no chat template and none was declared")
+        conversation = vllm_conversation(payload.messages or (), detect_content_format(template), template)
+        kwargs = {k: v for k, v in (payload.template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+        try:
             return str(self._hf.apply_chat_template(
-                [dict(m) for m in payload.messages], tools=list(payload.tools or []) or None,
-                chat_template=self._template, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs,
+                conversation, tools=vllm_tools(payload.tools), chat_template=template, tokenize=False,
+                add_generation_prompt=add_generation_prompt, continue_final_message=False, **kwargs,
             ))
-        return render_chat(
-            payload.messages, payload.tools, tool_choice=payload.tool_choice,
-            add_generation_prompt=add_generation_prompt, template=self._template, **kwargs,
-        )
+        except (TemplateError, ValueError) as exc:  # the template's own refusal, or an empty conversation
+            raise _refused(exc) from exc
 
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
         """The token ids of the rendered payload (for prefix diagnostics)."""
@@ -103,14 +140,34 @@ class TemplateSource:
         return self.render(payload, add_generation_prompt=add_generation_prompt)
 
     def _tools_tokens(self, payload: Payload) -> int:
+        """The tokens the tool schemas add: a one-message conversation rendered with and without them (an empty
+        conversation is refused by transformers), 0 when the template refuses either."""
         if not payload.tools:
             return 0
         key = digest([payload.tools, payload.tool_choice])
         if key not in self._tool_memo:
-            bare = Payload(messages=(), tools=payload.tools, tool_choice=payload.tool_choice,
-                           template_kwargs=payload.template_kwargs)
-            self._tool_memo[key] = self._encoder.count(self.render(bare, add_generation_prompt=False))
+            with_tools = Payload(_PROBE, payload.tools, payload.tool_choice, template_kwargs=payload.template_kwargs)
+            bare = Payload(_PROBE, template_kwargs=payload.template_kwargs)
+            try:
+                counts = [self._encoder.count(self.render(p, add_generation_prompt=False)) for p in (with_tools, bare)]
+            except CountUnavailable:
+                counts = [0, 0]
+            self._tool_memo[key] = max(0, counts[0] - counts[1])
         return self._tool_memo[key]
+
+
+_PROBE: tuple[Mapping[str, Any], ...] = ({"role": "user", "content": ""},)
+# apply_chat_template's own arguments, set by the renderer (vLLM refuses chat_template and tokenize in
+# chat_template_kwargs, and overrides the generation prompt), or changing what it returns
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "tools", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message",
+    "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding", "truncation", "max_length",
+    "tokenizer_kwargs", "sanitize_control_tokens"})
+
+
+def _refused(exc: Exception) -> CountUnavailable:
+    emit("chat_template_refused", level="debug", error=type(exc).__name__, reason=str(exc)[:200])
+    return CountUnavailable(f"the chat template refused the conversation: {type(exc).__name__}: {exc}")
 
 
 def _without_tools(context: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
