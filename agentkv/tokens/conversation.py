@@ -53,7 +53,7 @@ def vllm_conversation(messages: Sequence[Mapping[str, Any]], content_format: Con
                       template: str = "") -> list[dict[str, Any]]:
     """The messages as vLLM renders them with a template of ``content_format`` (``template`` is read for a
     ``"developer"`` role)."""
-    conversation = [_message(m, content_format) for m in messages]
+    conversation = [_message(_plain(m), content_format) for m in messages]
     for message in conversation:
         _parse_tool_calls(message)
     if any(m["role"] == "developer" for m in conversation) and not _knows_developer(template):
@@ -98,6 +98,12 @@ def _message(message: Mapping[str, Any], content_format: ContentFormat) -> dict[
     return result
 
 
+def _plain(value: Any) -> Any:
+    """A message or tool call as a mapping: a pydantic message object (litellm's) dumped, anything else as it is."""
+    dump = None if isinstance(value, Mapping) else getattr(value, "model_dump", None)
+    return dump() if callable(dump) else value
+
+
 def _part_text(part: Any, content_format: ContentFormat) -> Any:
     """A text part as the template sees it (a string, or a text-part dict for "openai"); None when vLLM skips
     it. Media parts cannot be counted here."""
@@ -133,6 +139,7 @@ def _without_billing_header(parts: Sequence[Any]) -> list[Any]:
 
 def _copied_call(call: Any) -> Any:
     """A tool call copied down to its function, so that parsing the arguments leaves the caller's alone."""
+    call = _plain(call)
     if not isinstance(call, Mapping):
         return call
     copied = dict(call)
