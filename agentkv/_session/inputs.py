@@ -121,7 +121,7 @@ def check_messages(messages: Any, *, tool_call_id_required: bool = False) -> Non
 
 
 def _check_message(index: int, message: Any, tool_call_id_required: bool) -> None:
-    fields = _fields(message)
+    fields = message if type(message) is dict else _fields(message)
     if fields is None:
         raise InvalidRequestError(f"messages[{index}] must be a message object, got {type(message).__name__}",
                                   index=index)
@@ -130,10 +130,12 @@ def _check_message(index: int, message: Any, tool_call_id_required: bool) -> Non
         raise _invalid(index, "role", "is missing: every message needs a string role" if role is None
                        else f"must be a string, got {type(role).__name__}")
     _check_content(index, role, fields.get("content"))
-    _check_tool_calls(index, fields.get("tool_calls"))
+    calls = fields.get("tool_calls")
+    if calls is not None:
+        _check_tool_calls(index, calls)
     for key in ("tool_call_id", "name"):
         value = fields.get(key)
-        if value is not None and not isinstance(value, str):
+        if value is not None and type(value) is not str and not isinstance(value, str):
             raise _invalid(index, key, f"must be a string, got {type(value).__name__}")
     if role == "tool" and tool_call_id_required and not fields.get("tool_call_id"):
         raise _invalid(index, "tool_call_id", "is missing: a backend this Session sends to needs each tool message "
@@ -141,6 +143,8 @@ def _check_message(index: int, message: Any, tool_call_id_required: bool) -> Non
 
 
 def _check_content(index: int, role: str, content: Any) -> None:
+    if type(content) is str:
+        return
     if content is None:
         if role != "assistant":
             raise _invalid(index, "content", f"is null or missing: only an assistant message may have no content "
@@ -167,22 +171,20 @@ def _check_content(index: int, role: str, content: Any) -> None:
 
 
 def _check_tool_calls(index: int, calls: Any) -> None:
-    if calls is None:
-        return
-    if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
+    if type(calls) is not list and (isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence)):
         raise _invalid(index, "tool_calls", f"must be a list of tool calls, got {type(calls).__name__}")
     for position, call in enumerate(calls):
-        fields = _fields(call)
-        where = f"tool_calls[{position}]"
+        fields = call if type(call) is dict else _fields(call)
         if fields is None:
-            raise _invalid(index, where, f"must be a tool-call object, got {type(call).__name__}")
-        function = _fields(fields.get("function"))
+            raise _invalid(index, f"tool_calls[{position}]", f"must be a tool-call object, got {type(call).__name__}")
+        function = fields.get("function")
+        function = function if type(function) is dict else _fields(function)
         if function is None:
-            raise _invalid(index, f"{where}.function", "must be an object with a name and arguments")
+            raise _invalid(index, f"tool_calls[{position}].function", "must be an object with a name and arguments")
         if not isinstance(function.get("name"), str):
-            raise _invalid(index, f"{where}.function.name", "must be a string")
-        if not isinstance(function.get("arguments"), (str, Mapping)):
-            raise _invalid(index, f"{where}.function.arguments", "must be a JSON string (or an object)")
+            raise _invalid(index, f"tool_calls[{position}].function.name", "must be a string")
+        if not isinstance(function.get("arguments"), (str, dict, Mapping)):
+            raise _invalid(index, f"tool_calls[{position}].function.arguments", "must be a JSON string (or an object)")
 
 
 def _fields(value: Any) -> Mapping[str, Any] | None:

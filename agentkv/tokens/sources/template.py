@@ -63,10 +63,13 @@ class TemplateSource:
     def _hf_template(self, tools: bool) -> str | None:
         """The template transformers picks (a tokenizer may name a ``tool_use`` template for requests with tools)."""
         if tools not in self._hf_templates:
+            getter = getattr(self._hf, "get_chat_template", None)
             try:
-                self._hf_templates[tools] = str(self._hf.get_chat_template(self._template, [{}] if tools else None))
+                found = getter(self._template, [{}] if tools else None) if callable(getter) else (
+                    self._template or getattr(self._hf, "chat_template", None))
             except (ValueError, TypeError, KeyError):  # no template at all, or a dict of named ones without default
-                self._hf_templates[tools] = None
+                found = None
+            self._hf_templates[tools] = found if isinstance(found, str) else None
         return self._hf_templates[tools]
 
     def render(self, payload: Payload, *, add_generation_prompt: bool = True) -> str:
