@@ -26,6 +26,14 @@ __all__ = ["TemplateSource"]
 class TemplateSource:
     """Exact counts from the backend's own tokenizer and chat template.
 
+    ``tokenizer`` is a tiktoken encoding name (rendered with :func:`~agentkv.tokens.templates.render_chat`, as
+    the embedded engine renders), or a transformers tokenizer or its local path: then the conversation and tools
+    are what vLLM hands the template (:mod:`agentkv.tokens.conversation`: content parts flattened per the
+    template's content format, tool-call arguments parsed and re-rendered, tools as vLLM dumps them), rendered by
+    ``apply_chat_template``. ``tools`` of a count is the difference the tool schemas make to a one-message
+    conversation. A template that refuses a conversation, or a media part, raises
+    :class:`~agentkv.tokens.CountUnavailable` (the server counts).
+
     With ``incremental`` (the default), a request that extends the previous one counted by this
     source renders and tokenizes only the appended messages and the template's closing
     (:class:`~agentkv.tokens.incremental.AppendCounter`); anything else is rendered in full.
