@@ -12,7 +12,9 @@ class ConfigurationError(AgentKVError, ValueError):
 
 
 class InvalidRequestError(AgentKVError, ValueError):
-    """A request agentkv refuses before counting or sending it, because no server would take it as it is.
+    """A request as the caller passed it cannot be sent (a malformed message: no server would take it as it is).
+
+    Raised before any count or network call; the message names the place and the problem, never a secret.
 
     ``index`` is the malformed message's position in ``messages`` (None when the list itself is at fault) and
     ``field`` the field at fault (``"role"``, ``"content[1].text"``, ``"tool_calls[0].function.name"``), so a

@@ -70,15 +70,6 @@ class TokenCounter:
         return cls([s for s in sources if s is not None], backend_label=backend.label, estimate_first=estimate_first,
                    bound=shared_bound(f"{backend.server_root or backend.label}|{backend.served_model}"))
 
-    @property
-    def chat_template(self) -> str | None:
-        """The chat template the exact local source renders with (None without a declared tokenizer: the
-        server's own template is not known here)."""
-        for source in self.sources:
-            if isinstance(source, TemplateSource):
-                return source.chat_template
-        return None
-
     def estimate(self, payload: Payload) -> TokenCount:
         """The best count the local sources give (exact from a declared template), with its interval (widened
         by :attr:`bound` after exact counts fell outside earlier ones)."""
@@ -154,6 +145,15 @@ class TokenCounter:
 
     def _id_sources(self) -> list[TemplateSource | ServerSource]:
         return [s for s in self.sources if isinstance(s, (TemplateSource, ServerSource))]
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template the exact local source renders with (None without a declared tokenizer: the
+        server's own template is not known here)."""
+        for source in self.sources:
+            if isinstance(source, TemplateSource):
+                return source.chat_template
+        return None
 
 
 def _first_count(sources: Sequence[TokenSource], payload: Payload, label: str) -> TokenCount:
