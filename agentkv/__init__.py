@@ -13,7 +13,7 @@
 from agentkv._session import Observation, Session
 from agentkv.backends import Backend, WindowInfo
 from agentkv.discovery import WindowDiscovery, default_discovery
-from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError
+from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError, InvalidRequestError
 from agentkv.overflow import Overflow, overflow_from_error, parse_overflow
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import CompletionClient, SessionLike
@@ -40,6 +40,7 @@ __all__ = [
     "ConfigurationError",
     "ContextOverflowError",
     "CooldownMap",
+    "InvalidRequestError",
     "LedgerEntry",
     "NoSessionError",
     "Observation",

@@ -11,6 +11,24 @@ class ConfigurationError(AgentKVError, ValueError):
     """A Backend, Session or policy was configured with a value that cannot work."""
 
 
+class InvalidRequestError(AgentKVError, ValueError):
+    """A request as the caller passed it cannot be sent (a malformed message: no server would take it as it is).
+
+    Raised before any count or network call; the message names the place and the problem, never a secret.
+
+    ``index`` is the malformed message's position in ``messages`` (None when the list itself is at fault) and
+    ``field`` the field at fault (``"role"``, ``"content[1].text"``, ``"tool_calls[0].function.name"``), so a
+    caller can point at what to fix:
+
+        InvalidRequestError: messages[2].role is missing: every message needs a string role
+    """
+
+    def __init__(self, message: str, *, index: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
+
+
 class ContextOverflowError(AgentKVError):
     """A request fits no configured backend, or a guard stopped it before it was sent.
 

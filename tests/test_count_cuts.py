@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from agentkv.tokens import ChunkedEncoder, Payload, TemplateSource
 from agentkv.tokens.cuts import KNOWN_SPLIT_PATTERNS, config_cuts, tokenizer_cuts
 from agentkv.tokens.encodings import get_encoding
-from agentkv.tokens.sources import _CHUNK_BOUNDARY, word_cut
+from agentkv.tokens.chunked import _CHUNK_BOUNDARY, word_cut
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE
 
 tokenizers = pytest.importorskip("tokenizers")

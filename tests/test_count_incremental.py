@@ -118,7 +118,7 @@ def test_split_lines_cuts_exactly_where_the_chunk_boundary_regex_cuts():
     with blank lines, tabs, carriage returns and Unicode spaces."""
     import random
 
-    from agentkv.tokens.sources import _CHUNK_BOUNDARY, split_lines
+    from agentkv.tokens.chunked import _CHUNK_BOUNDARY, split_lines
 
     rng = random.Random(14)
     alphabet = ["\n", "\n", " ", "\t", "\r", "a", "{", "\u00a0", "\x0b", "\u2028", "x\n", "\n\n", "\n \t ", "/", "\n/"]
@@ -148,7 +148,7 @@ def test_a_line_cut_at_its_first_word_counts_as_the_whole_line():
     import random
 
     from agentkv.tokens.encodings import get_encoding
-    from agentkv.tokens.sources import word_cut
+    from agentkv.tokens.chunked import word_cut
 
     rng = random.Random(7)
     words = ['"id":', '"inc-39-7",', "return", "x", "*", "2", "数据库", "😀🎉", "naïve", "  ", "\t", "'s", "’t",

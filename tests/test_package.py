@@ -16,6 +16,7 @@ EXPECTED = {
     "overflow_from_error", "parse_overflow", "payload_from_request", "plan_recovery",
     "NoSessionError", "RunResult", "Tool", "current_session", "function_schema", "session",
     "CompletionClient", "SessionLike", "Observation", "acompletion", "completion", "configure",
+    "InvalidRequestError",
 }
 
 

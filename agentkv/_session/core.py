@@ -16,7 +16,7 @@ from agentkv._session.attempts import (
     Attempt, LitellmSends, raw_warm_target, warm_body, warm_kwargs,
 )
 from agentkv._session.escalation import Handoff, schedule_warm_prefix_check
-from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, to_facts
+from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, request_payload, to_facts
 from agentkv._session.prediction import Prediction, schedule_prediction
 from agentkv._session.record import Recorder
 from agentkv.backends import Backend
@@ -28,7 +28,7 @@ from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, decide_route, interval_decides, is_escalation
 from agentkv.stats import SessionStats
 from agentkv.tenancy import resolve_cache_salt
-from agentkv.tokens import Payload, TokenCount, TokenCounter, payload_from_request
+from agentkv.tokens import Payload, TokenCount, TokenCounter
 from agentkv.tokens.payload import detached
 from agentkv.state import StateStore
 from agentkv.state.config import resolve_state
@@ -148,7 +148,7 @@ class SessionCore:
         if self.closed:
             raise RuntimeError(f"Session {self.session_id!r} is closed")
         max_tokens_of(kwargs)  # a bad budget is refused before any count or network call
-        payload = payload_from_request(kwargs)
+        payload = request_payload(kwargs, self._backends(), self.counters.values())
         if payload.messages is None:
             raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
         self._history = [*self._history[-1:], detached(payload)]  # as sent, whatever the caller edits later

@@ -12,11 +12,11 @@ from typing import Any, Literal, Mapping
 
 from agentkv._session.attempts import Attempt, Observation
 from agentkv._session.reactive import ReactivePath
-from agentkv._session.inputs import Facts, max_tokens_of
+from agentkv._session.inputs import Facts, max_tokens_of, request_payload
 from agentkv.errors import ContextOverflowError
 from agentkv.overflow import overflow_from_error
 from agentkv.routing import RouteDecision, as_sent
-from agentkv.tokens import Payload, TokenCount, payload_from_request
+from agentkv.tokens import Payload, TokenCount
 
 __all__ = ["SendsOutside"]
 
@@ -97,17 +97,17 @@ class SendsOutside(ReactivePath):
 
         Raises :class:`ContextOverflowError` when no backend can hold it.
         """
-        payload, facts = payload_from_request(kwargs), self._facts()
+        payload, facts = request_payload(kwargs, self._backends(), self.counters.values()), self._facts()
         return self._decide(kwargs, self._count(kwargs, payload, facts), facts)
 
     async def aroute(self, **kwargs: Any) -> RouteDecision:
         """The async twin of :meth:`route`."""
-        payload, facts = payload_from_request(kwargs), await self._afacts()
+        payload, facts = request_payload(kwargs, self._backends(), self.counters.values()), await self._afacts()
         return self._decide(kwargs, await self._acount(kwargs, payload, facts), facts)
 
     def count(self, **kwargs: Any) -> TokenCount:
         """Count a request as the fast backend will receive it, without sending anything."""
-        return self._counter(self.fast).count(payload_from_request(kwargs))
+        return self._counter(self.fast).count(request_payload(kwargs, self._backends(), self.counters.values()))
 
     def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
         """Attach a response's cached-token count to an observed ledger turn."""

@@ -2,8 +2,9 @@
 
 - :mod:`agentkv.tokens.payload`: what a request sends (:class:`Payload`) and what a count says
   (:class:`TokenCount`);
-- :mod:`agentkv.tokens.sources`: the sources, best first: the backend's template, the server's
-  ``/tokenize``, tiktoken, biased character counts;
+- :mod:`agentkv.tokens.sources`: the sources, best first, one a module: the backend's template, the
+  server's ``/tokenize``, tiktoken, biased character counts;
+- :mod:`agentkv.tokens.chunked`: :class:`ChunkedEncoder`, text counted by memoised newline-bounded chunks;
 - :mod:`agentkv.tokens.counter`: :class:`TokenCounter`, the ladder that tries them, estimate first;
 - :mod:`agentkv.tokens.incremental`: the previous request, so a turn costs what it appended;
 - :mod:`agentkv.tokens.cuts`: where a tokenizer is known to count a text as the sum of its pieces;

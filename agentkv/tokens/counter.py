@@ -146,6 +146,15 @@ class TokenCounter:
     def _id_sources(self) -> list[TemplateSource | ServerSource]:
         return [s for s in self.sources if isinstance(s, (TemplateSource, ServerSource))]
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template the exact local source renders with (None without a declared tokenizer: the
+        server's own template is not known here)."""
+        for source in self.sources:
+            if isinstance(source, TemplateSource):
+                return source.chat_template
+        return None
+
 
 def _first_count(sources: Sequence[TokenSource], payload: Payload, label: str) -> TokenCount:
     for source in sources:

@@ -5,7 +5,7 @@ where no pre-token spans a cut and each piece splits as it does inside the text.
 
 - ``"lines"``: right after a newline, before optional spaces or tabs and a non-space character;
 - ``"words"``: those, and within a line, before a single space between two non-space characters
-  (:func:`~agentkv.tokens.sources.word_cut`).
+  (:func:`~agentkv.tokens.chunked.word_cut`).
 
 ``"whole"`` means neither is known: whole texts are counted. The rule is read from what the tokenizer
 declares (a tiktoken encoding's name, a ``tokenizers`` pipeline's configuration), never inferred from

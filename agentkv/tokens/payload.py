@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Protocol, Sequence
 
+from agentkv.errors import InvalidRequestError
 from agentkv.events import canonical_json
 
 
@@ -52,9 +53,11 @@ def payload_from_request(kwargs: Mapping[str, Any]) -> Payload:
     messages = kwargs.get("messages")
     prompt = kwargs.get("prompt")
     if messages is None and prompt is None:
-        raise ValueError("a request needs 'messages' (chat) or 'prompt' (completion); it had neither")
+        raise InvalidRequestError("a request needs 'messages' (chat) or 'prompt' (completion); it had neither",
+                                  field="messages")
     if messages is not None and (isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence)):
-        raise ValueError(f"'messages' must be a list of message dicts, got {type(messages).__name__}")
+        raise InvalidRequestError(f"'messages' must be a list of message dicts, got {type(messages).__name__}",
+                                  field="messages")
     tools = kwargs.get("tools")
     return Payload(
         messages=tuple(messages) if messages is not None else None,
@@ -75,7 +78,8 @@ def _prompt_text(prompt: Any) -> str:
         return prompt
     if isinstance(prompt, Sequence) and all(isinstance(p, str) for p in prompt):
         return "".join(prompt)
-    raise ValueError(f"'prompt' must be a string or a list of strings, got {type(prompt).__name__}")
+    raise InvalidRequestError(f"'prompt' must be a string or a list of strings, got {type(prompt).__name__}",
+                              field="prompt")
 
 
 @dataclass(frozen=True)

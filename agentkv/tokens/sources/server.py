@@ -1,0 +1,158 @@
+"""Exact counts from the server itself: vLLM's ``POST /tokenize``, chat form.
+
+    source = ServerSource(Backend("hosted_vllm/m", api_base="http://127.0.0.1:8001/v1"))
+    source.count(payload)        # or: await source.acount(payload)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping
+
+from cachetools import LRUCache
+
+from agentkv._http import HttpError, HttpTransport, default_http
+from agentkv.backends import Backend
+from agentkv.events import digest, emit
+from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
+from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
+
+__all__ = ["DEFAULT_TOKENIZE_TIMEOUT_S", "ServerSource"]
+
+# /tokenize is a fast call (a tokenizer pass on the server); a server that takes longer is treated as
+# failing and its breaker opens (:mod:`agentkv.tokens.breaker`).
+DEFAULT_TOKENIZE_TIMEOUT_S = 2.0
+
+
+class ServerSource:
+    """Exact counts from vLLM's ``POST /tokenize`` (chat form), cached per payload digest.
+
+    ``http`` is the HTTP seam (:func:`agentkv._http.default_http` unless given). A server without
+    ``/tokenize`` (404/405) is remembered and not asked again by this source. A timeout, a failed
+    connection or a 5xx opens ``breaker`` (by default the process's breaker for this URL,
+    :func:`~agentkv.tokens.breaker.shared_breaker`): until its back-off ends, the source is not asked
+    and the counter's next source answers. The sync and the async methods share one cache and one
+    body builder; only the transport call differs.
+    """
+
+    name = "server"
+
+    def __init__(self, backend: Backend, *, http: HttpTransport | None = None,
+                 timeout_s: float = DEFAULT_TOKENIZE_TIMEOUT_S, maxsize: int = 512,
+                 breaker: CircuitBreaker | None = None) -> None:
+        if backend.server_root is None:
+            raise CountUnavailable(f"backend {backend.label!r} has no api_base to ask /tokenize")
+        self._backend = backend
+        self._url = f"{backend.server_root}/tokenize"
+        self._http = http or default_http()
+        self._timeout_s = timeout_s
+        self.breaker = breaker or shared_breaker(self._url)
+        self._memo: LRUCache[str, dict[str, Any]] = LRUCache(maxsize)
+        self._lock = threading.Lock()
+        self.unsupported = False
+        self.last_max_model_len: int | None = None
+
+    def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
+        """The chat-form (or prompt-form) /tokenize body for this payload."""
+        if payload.messages is None:
+            return {"model": self._backend.served_model, "prompt": payload.prompt or "", **overrides}
+        body: dict[str, Any] = {"model": self._backend.served_model, "messages": [dict(m) for m in payload.messages],
+                                "add_generation_prompt": True}
+        if payload.tools:
+            body["tools"] = list(payload.tools)
+        if payload.tools and payload.tool_choice is not None:
+            body["tool_choice"] = payload.tool_choice  # templates may render it; vLLM ignores the field
+        if payload.template_kwargs:
+            body["chat_template_kwargs"] = dict(payload.template_kwargs)
+        body.update(overrides)
+        return body
+
+    def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The server's answer for ``body``, from the cache when the same body was sent before."""
+        key, cached = self._remembered(body)
+        if cached is not None:
+            return cached
+        self._admit()
+        try:
+            answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s)
+        except HttpError as exc:
+            raise self._unavailable(exc) from exc
+        self.breaker.succeeded()
+        return self._remember(key, self._checked(answer))
+
+    async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`tokenize` over async HTTP, sharing the same cache."""
+        key, cached = self._remembered(body)
+        if cached is not None:
+            return cached
+        self._admit()
+        try:
+            answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s)
+        except HttpError as exc:
+            raise self._unavailable(exc) from exc
+        self.breaker.succeeded()
+        return self._remember(key, self._checked(answer))
+
+    def count(self, payload: Payload) -> TokenCount:
+        total = self.tokenize(self.request_body(payload))["count"]
+        return self._count(total, [self.tokenize(body)["count"] for body in self._tool_probes(payload)])
+
+    async def acount(self, payload: Payload) -> TokenCount:
+        """:meth:`count` over async HTTP."""
+        total = (await self.atokenize(self.request_body(payload)))["count"]
+        return self._count(total, [(await self.atokenize(body))["count"] for body in self._tool_probes(payload)])
+
+    def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """The server's token ids for the payload."""
+        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
+        return list(self.tokenize(body).get("tokens") or [])
+
+    async def atoken_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+        """:meth:`token_ids` over async HTTP."""
+        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
+        return list((await self.atokenize(body)).get("tokens") or [])
+
+    def _count(self, total: int, probes: list[int]) -> TokenCount:
+        tools = max(0, probes[0] - probes[1]) if probes else 0
+        return TokenCount(total, total, min(tools, total), self.name, True)
+
+    def _tool_probes(self, payload: Payload) -> list[dict[str, Any]]:
+        """Two /tokenize bodies whose counts differ by the tool schemas' tokens (none without tools)."""
+        if not payload.tools or payload.messages is None:
+            return []
+        probe = ({"role": "user", "content": ""},)
+        return [self.request_body(Payload(probe, payload.tools), add_generation_prompt=False),
+                self.request_body(Payload(probe), add_generation_prompt=False)]
+
+    def _remembered(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        if self.unsupported:
+            raise CountUnavailable("server has no /tokenize")
+        key = digest(body, 24)
+        with self._lock:
+            return key, self._memo.get(key)
+
+    def _remember(self, key: str, answer: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._memo[key] = answer
+        return answer
+
+    def _admit(self) -> None:
+        if not self.breaker.allow():
+            raise CountUnavailable("/tokenize circuit open after a recent timeout or server error")
+
+    def _unavailable(self, exc: HttpError) -> CountUnavailable:
+        if exc.status_code in (404, 405):
+            self.unsupported = True
+        if exc.timed_out or exc.status_code is None or exc.status_code >= 500:
+            self.breaker.failed()
+            emit("count_source_breaker_open", level="warning", source=self.name, backend=self._backend.label,
+                 status=exc.status_code, timed_out=exc.timed_out)
+        else:
+            self.breaker.succeeded()  # it answered: the server is up, this body was refused
+        return CountUnavailable(f"/tokenize failed: {exc}")
+
+    def _checked(self, answer: Any) -> dict[str, Any]:
+        if not isinstance(answer, Mapping) or not isinstance(answer.get("count"), int):
+            raise CountUnavailable("/tokenize answered without an integer 'count'")
+        self.last_max_model_len = answer.get("max_model_len") or self.last_max_model_len
+        return dict(answer)
