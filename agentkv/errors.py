@@ -11,6 +11,13 @@ class ConfigurationError(AgentKVError, ValueError):
     """A Backend, Session or policy was configured with a value that cannot work."""
 
 
+class InvalidRequestError(AgentKVError, ValueError):
+    """A request as the caller passed it cannot be sent (a ``cache_salt`` vLLM refuses, a malformed message).
+
+    Raised before any count or network call; the message names the place and the problem, never a secret.
+    """
+
+
 class ContextOverflowError(AgentKVError):
     """A request fits no configured backend, or a guard stopped it before it was sent.
 

@@ -153,7 +153,10 @@ def test_tenant_salt_replaces_a_salt_from_the_request_body():
     """A cache_salt arriving in extra_body cannot override the tenant's salt, and the swap is logged."""
     from agentkv.testing import capture_events
 
+    from agentkv.tenancy import screen_caller_salts
+
+    request = {"extra_body": {"cache_salt": "attacker"}}
     with capture_events() as events:
-        call = with_cache_salt({"extra_body": {"cache_salt": "attacker"}}, "tenant-salt")
-    assert call["extra_body"]["cache_salt"] == "tenant-salt"
+        screen_caller_salts(request, "tenant-salt", keep=False)  # the Session's entry logs it; the builder swaps
+    assert with_cache_salt(request, "tenant-salt")["extra_body"]["cache_salt"] == "tenant-salt"
     assert any(e["event"] == "cache_salt_replaced" for e in events)
