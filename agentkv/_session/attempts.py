@@ -7,10 +7,10 @@ warm's rendered prompt is a token-exact prefix of the escalated request's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from agentkv.backends import Backend
+from agentkv.backends import Backend, redact_secrets
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_body_salt, with_cache_salt
 from agentkv.tokens import Payload, TokenCount
@@ -35,7 +35,7 @@ class Attempt:
     kwargs: Mapping[str, Any]
     payload: Payload
     count: TokenCount
-    cache_salt: str | None
+    cache_salt: str | None = field(repr=False)  # a salt is a capability: never in a repr
     reactive_clamped: bool = False
     warm: str = ""
     handed_off: bool = False
@@ -44,6 +44,11 @@ class Attempt:
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
     sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
     keeps_caller_salt: bool = False  # the caller's own cache_salt may go out (tenancy.keeps_caller_salt)
+
+    def __repr__(self) -> str:
+        """The fields but the salt, with credentials in the caller's kwargs redacted (``api_key``, headers, URLs)."""
+        shown = [f"{spec.name}={redact_secrets(getattr(self, spec.name))!r}" for spec in fields(self) if spec.repr]
+        return f"Attempt({', '.join(shown)})"
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
