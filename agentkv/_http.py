@@ -13,13 +13,14 @@ through an :class:`HttpTransport`. The default (:func:`default_http`) keeps one 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import weakref
 from typing import Any, Protocol, runtime_checkable
 
 from agentkv._defaults import process_default
 
-__all__ = ["HttpError", "HttpTransport", "HttpxTransport", "default_http"]
+__all__ = ["HttpError", "HttpTransport", "HttpxTransport", "default_http", "redact_url"]
 
 
 class HttpError(Exception):
@@ -133,8 +134,17 @@ def _transport_error(exc: BaseException, url: str) -> HttpError:
 
 
 def _path(url: str) -> str:
-    """The URL without query string (for messages: never a body, never credentials in a query)."""
-    return url.split("?", 1)[0]
+    """The URL without credentials or query string (for messages and events: never a body, never a secret)."""
+    return redact_url(url.split("?", 1)[0])
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31}://)[^?#]*@")  # to the last '@': a raw '@' or '/' in a password
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its ``user:password@`` (everything between ``scheme://`` and the last ``@`` before a query)."""
+    head, mark, query = url.partition("?")
+    return _USERINFO.sub(r"\1", head) + mark + query
 
 
 default_http = process_default(HttpxTransport, "The process-wide pooled HTTP transport.")

@@ -11,13 +11,33 @@ Usage::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from agentkv._defaults import shared
+from agentkv._http import redact_url
 from agentkv.errors import ConfigurationError
 
-__all__ = ["Backend", "ServerInfo", "WindowInfo", "catalog_window", "parse_models_response", "positive_window"]
+__all__ = ["Backend", "ServerInfo", "WindowInfo", "catalog_window", "parse_models_response", "positive_window",
+           "redact_secrets"]
+
+# Keys whose values are credentials wherever they sit in kwargs or headers (``max_tokens`` is no ``_token``).
+_SECRET_KEY = re.compile(r"(?i)^(api[_-]?key|x-api-key|authorization|proxy-authorization|password|passwd|"
+                         r".*secret.*|.*_token|access[_-]?token|bearer|cookie)$")
+REDACTED = "<redacted>"
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of ``value`` for reprs and messages: every credential-named key's value redacted (at any depth) and
+    ``user:password@`` removed from URLs under ``api_base``/``base_url``; anything else is returned as it is."""
+    if isinstance(value, Mapping):
+        return {k: REDACTED if isinstance(k, str) and _SECRET_KEY.match(k) and v is not None
+                else redact_url(v) if k in ("api_base", "base_url") and isinstance(v, str) else redact_secrets(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_secrets(item) for item in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,7 +55,7 @@ class Backend:
 
     model: str
     api_base: str | None = None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a repr, a traceback or assertion output
     name: str | None = None
     window: int | None = None
     tokenizer: Any = None
@@ -54,6 +74,19 @@ class Backend:
             raise ConfigurationError(f"Backend.window must be a positive int, got {self.window!r}")
         if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
             raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {self.api_base!r}")
+
+    def __repr__(self) -> str:
+        """The fields but ``api_key``, with credentials stripped from ``api_base`` and ``completion_kwargs``."""
+        shown = []
+        for spec in fields(self):
+            if spec.repr:
+                value = getattr(self, spec.name)
+                if spec.name == "api_base" and isinstance(value, str):
+                    value = redact_url(value)
+                elif spec.name == "completion_kwargs":
+                    value = redact_secrets(value)
+                shown.append(f"{spec.name}={value!r}")
+        return f"Backend({', '.join(shown)})"
 
     @property
     def label(self) -> str:

@@ -120,7 +120,8 @@ class WindowDiscovery:
 
     # --------------------------------------------------------------- answers (sync and async twins)
     def window(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
-        """The backend's window (declared, corrected, server, then litellm's catalog) and, unless
+        """The backend's window (declared, corrected, server, then litellm's catalog; a server's overflow
+        correcting a declared window downwards wins over it) and, unless
         ``model_known=False``, whether its model is known; may ``GET /models`` (cached) and, for cloud
         models, import litellm."""
         shared = self._read_shared(backend, model_known)
@@ -180,7 +181,7 @@ class WindowDiscovery:
         key = _key(backend)
         with self._lock:
             cached = self._cache.get(key) or self._last_good.get(key)
-            known = backend.window or self._corrections.get(key) or (cached.window if cached else None)
+            known = self._corrections.get(key) or backend.window or (cached.window if cached else None)
             if known == window:
                 return
             self._corrections[key] = window
@@ -246,11 +247,11 @@ class WindowDiscovery:
     def _resolve(self, backend: Backend, info: ServerInfo | None, catalog: int | None,
                  shared: SharedWindow | None = None) -> WindowInfo:
         known = (catalog is not None) if backend.is_cloud else (info.model_listed if info else None)
-        if backend.window is not None:
-            return WindowInfo(backend.window, "declared", known)
         key = _key(backend)
         with self._lock:
             corrected = (shared.correction if shared else None) or self._corrections.get(key)
+        if backend.window is not None and (corrected is None or corrected >= backend.window):
+            return WindowInfo(backend.window, "declared", known)  # a server's refusal only ever lowers it
         if corrected is not None:
             return WindowInfo(corrected, "corrected", known)
         if info is not None and info.window is not None:

@@ -12,7 +12,7 @@ class ConfigurationError(AgentKVError, ValueError):
 
 
 class InvalidRequestError(AgentKVError, ValueError):
-    """A request as the caller passed it cannot be sent (a malformed message: no server would take it as it is).
+    """A request as the caller passed it cannot be sent (a malformed message, a ``cache_salt`` vLLM refuses).
 
     Raised before any count or network call; the message names the place and the problem, never a secret.
 

@@ -1,9 +1,23 @@
 """Recognise a context-overflow error and parse the server's numbers out of it (pure functions).
 
 Every vLLM wording is handled; each yields an :class:`Overflow` that says which numbers are real
-prompt lengths and which are only thresholds. The current wording's "at least L-M+1 input tokens" is a
-threshold: clamping ``max_tokens`` to ``L - threshold`` gives ``M - 1`` and loops forever, so it is
-reported with ``prompt_is_lower_bound=True`` and the driver must get a real count or escalate.
+prompt lengths and which are only thresholds. The "at least" figures are thresholds: 0.2x-0.31's "at least
+L-M+1 input tokens" (clamping ``max_tokens`` to ``L - threshold`` gives ``M - 1`` and loops forever) and
+0.32's "at least L+1 input tokens, which exceeds this limit even without any output tokens" (the
+tokenizer stopped at L+1). They are reported with ``prompt_is_lower_bound=True`` and the driver must get
+a real count or escalate; the window L they state is real, and the Session learns it.
+
+vLLM 0.32's wordings (``vllm/renderers/params.py``), each read here:
+
+- prompt alone over the window: ``This model's maximum context length is {L} tokens. However, your prompt
+  contains at least {L+1} input tokens, which exceeds this limit even without any output tokens. ...``
+  (without "at least", and with the exact length, when the prompt came as token ids);
+- the character pre-check, before tokenising: ``This model's maximum context length is {L} tokens. However,
+  your prompt contains {n} characters (more than {m} characters, which is the upper bound for {L} input
+  tokens). ...``;
+- an output budget over the window: ``max_tokens={M} cannot be greater than max_model_len={L}. Please
+  request fewer output tokens.``, the same with ``max_completion_tokens=`` (and ``max_output_tokens=`` on
+  the Responses API).
 
 The parser is total and linear-time on hostile text: it reads at most :data:`SCAN_LIMIT` characters
 (the head and the tail of a longer text), every number is at most :data:`MAX_NUMBER_CHARS` characters
@@ -84,6 +98,19 @@ def _prompt_too_long(m: re.Match[str]) -> Overflow:
     return Overflow("prompt_too_long", _n(m[2]), _n(m[1]))
 
 
+def _prompt_over_window(m: re.Match[str]) -> Overflow:
+    # 0.32: "at least L+1" when the tokenizer stopped at L+1 (a threshold); the exact length otherwise.
+    return Overflow("prompt_over_window", _n(m[1]), _n(m[3]), prompt_is_lower_bound=bool(m[2]))
+
+
+def _prompt_characters(m: re.Match[str]) -> Overflow:
+    # Refused before tokenising: more characters than L tokens can hold, so the prompt has more than L tokens.
+    window, chars, limit = _n(m[1]), _n(m[2]), _n(m[3])
+    per_token = limit // window if window else 0
+    at_least = max(window + 1, -(-chars // per_token) if per_token else 0)
+    return Overflow("prompt_characters", window, at_least, prompt_is_lower_bound=True)
+
+
 _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ...] = (
     (
         re.compile(
@@ -111,6 +138,16 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ..
         _input_only,
     ),
     (
+        re.compile(rf"maximum context length is {_INT} tokens\. However, your prompt contains (at least )?{_INT} "
+                   rf"input tokens, which exceeds this limit even without any output tokens"),
+        _prompt_over_window,
+    ),
+    (
+        re.compile(rf"maximum context length is {_INT} tokens\. However, your prompt contains {_INT} characters "
+                   rf"\(more than {_INT} characters"),
+        _prompt_characters,
+    ),
+    (
         re.compile(
             rf"decoder prompt \(length {_INT}\) plus the number of requested output tokens{_GAP}"
             rf"maximum model length of {_INT}"
@@ -118,7 +155,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ..
         _decoder_prompt,
     ),
     (
-        re.compile(rf"max_tokens={_INT} cannot be greater than max_model_len(?:=max_total_tokens)?={_INT}"),
+        re.compile(rf"max_(?:completion_|output_)?tokens={_INT} cannot be greater than "
+                   rf"max_model_len(?:=max_total_tokens)?={_INT}"),
         _max_tokens_over_window,
     ),
     (

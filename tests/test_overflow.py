@@ -87,3 +87,61 @@ def test_variant_max_tokens_over_window():
     text = ("max_tokens=4096 cannot be greater than max_model_len=max_total_tokens=2048. "
             "Please request fewer output tokens. (parameter=max_tokens, value=4096)")
     assert parse_overflow(text) == Overflow("max_tokens_over_window", 2048, None, 4096)
+
+
+# vLLM 0.32.0's wordings, as the real server (CPU build, max_model_len=2048) answered them.
+V032_AT_LEAST = ("This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 "
+                 "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+                 "the input prompt. (parameter=input_tokens, value=2049)")
+V032_EXACT = ("This model's maximum context length is 2048 tokens. However, your prompt contains 3000 input tokens, "
+              "which exceeds this limit even without any output tokens. Please reduce the length of the input "
+              "prompt. (parameter=input_tokens, value=3000)")
+V032_CHARS = ("This model's maximum context length is 2048 tokens. However, your prompt contains 300050 characters "
+              "(more than 131072 characters, which is the upper bound for 2048 input tokens). Please reduce the "
+              "length of the input prompt. (parameter=input_text, value=300050)")
+V032_MAX_TOKENS = ("max_tokens=5000 cannot be greater than max_model_len=2048. Please request fewer output tokens. "
+                   "(parameter=max_tokens, value=5000)")
+V032_MAX_COMPLETION = ("max_completion_tokens=5000 cannot be greater than max_model_len=2048. Please request fewer "
+                       "output tokens. (parameter=max_completion_tokens, value=5000)")
+
+
+def test_v032_prompt_alone_over_the_window_gives_the_window_and_a_threshold():
+    """0.32's 'at least L+1 input tokens ... even without any output tokens' gives L, and L+1 only as a lower bound."""
+    found = parse_overflow(V032_AT_LEAST)
+    assert found == Overflow("prompt_over_window", 2048, 2049, prompt_is_lower_bound=True)
+    assert found.room_for_output() is None
+
+
+def test_v032_prompt_given_as_token_ids_states_its_exact_length():
+    """Without 'at least' (a prompt of token ids is not truncated) the stated length is exact."""
+    found = parse_overflow(V032_EXACT)
+    assert found == Overflow("prompt_over_window", 2048, 3000)
+    assert found.room_for_output() == -952
+
+
+def test_v032_character_pre_check_gives_the_window_and_a_token_lower_bound():
+    """The pre-tokenisation check gives L; n characters at 64 a token (131072 / 2048) are at least ceil(n / 64) tokens."""
+    found = parse_overflow(V032_CHARS)
+    assert found == Overflow("prompt_characters", 2048, 4689, prompt_is_lower_bound=True)
+
+
+def test_v032_character_pre_check_lower_bound_is_never_below_the_window():
+    """A text just over the character limit still reads as more than L tokens."""
+    text = V032_CHARS.replace("300050", "131073")
+    found = parse_overflow(text)
+    assert found is not None and found.prompt_tokens == 2049 and found.prompt_is_lower_bound
+
+
+@pytest.mark.parametrize("text,param", [(V032_MAX_TOKENS, "max_tokens"), (V032_MAX_COMPLETION, "max_completion_tokens"),
+                                        (V032_MAX_TOKENS.replace("max_tokens=", "max_output_tokens="), "max_output_tokens")])
+def test_v032_output_budget_over_the_window(text, param):
+    """Each output-budget parameter's 'cannot be greater than max_model_len=L' gives L and the budget."""
+    assert parse_overflow(text) == Overflow("max_tokens_over_window", 2048, None, 5000), param
+
+
+@pytest.mark.parametrize("text", [V032_AT_LEAST, V032_EXACT, V032_CHARS, V032_MAX_TOKENS, V032_MAX_COMPLETION])
+def test_v032_wordings_through_litellm_are_not_unparsed(text):
+    """Wrapped as litellm's ContextWindowExceededError renders them, every 0.32 wording yields the window."""
+    body = '{"error":{"message":"%s","type":"BadRequestError","param":"input_tokens","code":400}}' % text.replace("'", "\\'")
+    found = overflow_from_error(ContextWindowExceededError(f"litellm.ContextWindowExceededError: {body}"))
+    assert found is not None and found.variant != "unparsed" and found.max_context == 2048

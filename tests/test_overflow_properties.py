@@ -49,6 +49,23 @@ WORDINGS: dict[str, tuple[str, Callable[[int, int, int], Overflow]]] = {
         "Please request fewer output tokens. (parameter=max_tokens, value={M})",
         lambda L, P, M: Overflow("max_tokens_over_window", L, None, M),
     ),
+    "prompt_over_window": (
+        "This model's maximum context length is {L} tokens. However, your prompt contains at least {P} input tokens, "
+        "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value={P})",
+        lambda L, P, M: Overflow("prompt_over_window", L, P, prompt_is_lower_bound=True),
+    ),
+    "prompt_over_window_exact": (
+        "This model's maximum context length is {L} tokens. However, your prompt contains {P} input tokens, "
+        "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value={P})",
+        lambda L, P, M: Overflow("prompt_over_window", L, P),
+    ),
+    "max_completion_tokens_over_window": (
+        "max_completion_tokens={M} cannot be greater than max_model_len={L}. Please request fewer output tokens. "
+        "(parameter=max_completion_tokens, value={M})",
+        lambda L, P, M: Overflow("max_tokens_over_window", L, None, M),
+    ),
     "prompt_too_long": (
         "The prompt (total length {P}) is too long to fit into the model (context length {L}).",
         lambda L, P, M: Overflow("prompt_too_long", L, P),
@@ -174,3 +191,19 @@ def test_a_wording_past_the_scan_limit_is_still_found_in_the_tail() -> None:
     wording = "The prompt (total length 17000) is too long to fit into the model (context length 16384)."
     assert parse_overflow(filler + wording) == Overflow("prompt_too_long", 16384, 17000)
     assert parse_overflow(filler + wording + filler) is None
+
+
+CHARACTERS = ("This model's maximum context length is {L} tokens. However, your prompt contains {n} characters (more "
+              "than {m} characters, which is the upper bound for {L} input tokens). Please reduce the length of the "
+              "input prompt. (parameter=input_text, value={n})")
+
+
+@PROPERTY
+@given(st.integers(1, 10**7), st.integers(1, 512), st.integers(1, 10**9), st.sampled_from(WRAPPERS))
+def test_character_pre_check_bounds_the_prompt_from_below(L: int, per_token: int, extra: int,
+                                                          wrap: Callable[[str], str]) -> None:
+    """vLLM 0.32's character check (n > m = L * chars-per-token) reads as L and a lower bound of ceil(n / chars-per-token) > L."""
+    n, m = L * per_token + extra, L * per_token
+    found = parse_overflow(wrap(CHARACTERS.format(L=L, n=n, m=m)))
+    assert found == Overflow("prompt_characters", L, -(-n // per_token), prompt_is_lower_bound=True)
+    assert found.prompt_tokens is not None and found.prompt_tokens > L

@@ -7,18 +7,20 @@ warm's rendered prompt is a token-exact prefix of the escalated request's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from agentkv.backends import Backend
+from agentkv.backends import Backend, redact_secrets
 from agentkv.routing import RouteDecision
-from agentkv.tenancy import with_cache_salt
+from agentkv.tenancy import with_body_salt, with_cache_salt
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.incremental import JsonSnapshot, snapshot
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
+# ``cache_salt`` shapes no prompt but the cache group the warm lands in (it goes only where the caller's is kept).
 PROMPT_KEYS = ("messages", "tools", "tool_choice", "functions", "chat_template", "chat_template_kwargs",
-               "add_generation_prompt", "continue_final_message", "documents", "reasoning_effort", "extra_body")
+               "add_generation_prompt", "continue_final_message", "documents", "reasoning_effort", "extra_body",
+               "cache_salt")
 _ADDRESS_KEYS = ("model", "api_base", "base_url", "api_key")
 # What an observer (a LangChain callback, a litellm logger) passes to ``Session.observe`` besides messages.
 OBSERVED_KEYS = ("tools", "tool_choice", "max_tokens", "max_completion_tokens")
@@ -33,7 +35,7 @@ class Attempt:
     kwargs: Mapping[str, Any]
     payload: Payload
     count: TokenCount
-    cache_salt: str | None
+    cache_salt: str | None = field(repr=False)  # a salt is a capability: never in a repr
     reactive_clamped: bool = False
     warm: str = ""
     handed_off: bool = False
@@ -41,11 +43,18 @@ class Attempt:
     timeout_s: float | None = None
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
     sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
+    keeps_caller_salt: bool = False  # the caller's own cache_salt may go out (tenancy.keeps_caller_salt)
+
+    def __repr__(self) -> str:
+        """The fields but the salt, with credentials in the caller's kwargs redacted (``api_key``, headers, URLs)."""
+        shown = [f"{spec.name}={redact_secrets(getattr(self, spec.name))!r}" for spec in fields(self) if spec.repr]
+        return f"Attempt({', '.join(shown)})"
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
         """The litellm kwargs for this try (the Session's request timeout unless the caller set one)."""
-        call = request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens)
+        call = request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens,
+                              keep_caller_salt=self.keeps_caller_salt)
         if self.timeout_s is not None and call.get("timeout") is None:
             call["timeout"] = self.timeout_s
         return call
@@ -70,12 +79,15 @@ class Observation:
         return self.decision is not None and self.decision.reason == "fits" and not self.decision.note
 
 
-def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None) -> dict[str, Any]:
+def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None,
+                   keep_caller_salt: bool = False) -> dict[str, Any]:
     """The caller's kwargs addressed to ``backend``; the caller's own objects are never edited.
 
     Messages and tools go whole and in order, as copies (litellm may edit them in place); every other
     value is passed through as it is. ``max_tokens`` replaces the caller's budget only when routing
-    clamped it, in every budget key the caller set (vLLM obeys ``max_completion_tokens`` first).
+    clamped it, in every budget key the caller set (vLLM obeys ``max_completion_tokens`` first). The only
+    ``cache_salt`` sent is ``salt`` (self-hosted backends only), unless ``keep_caller_salt`` lets the
+    caller's own go (:func:`agentkv.tenancy.with_cache_salt`).
     """
     call = {k: v for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
     for key in ("messages", "tools"):
@@ -85,7 +97,7 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
     if max_tokens is not None:
         keys = [k for k in ("max_tokens", "max_completion_tokens") if kwargs.get(k) is not None] or ["max_tokens"]
         call.update({key: max_tokens for key in keys})
-    return with_cache_salt(call, salt if backend.api_base else None)
+    return with_cache_salt(call, salt if backend.api_base else None, keep_caller=keep_caller_salt)
 
 
 def _copied(value: Any) -> Any:
@@ -95,10 +107,11 @@ def _copied(value: Any) -> Any:
         return list(value)
 
 
-def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float) -> dict[str, Any]:
+def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float, *,
+                keep_caller_salt: bool = False) -> dict[str, Any]:
     """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt."""
     shaped = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
-    call = request_kwargs(slow, shaped, salt, max_tokens=1)
+    call = request_kwargs(slow, shaped, salt, max_tokens=1, keep_caller_salt=keep_caller_salt)
     call["timeout"] = timeout_s
     return call
 
@@ -121,7 +134,8 @@ def raw_warm_target(slow: Backend) -> str | None:
     return f"{slow.api_base.rstrip('/')}/chat/completions"
 
 
-def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw: bool) -> dict[str, Any]:
+def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw: bool,
+              keep_caller_salt: bool = False) -> dict[str, Any]:
     """The JSON body of a one-token warm to ``slow``, built from what the real request sends.
 
     ``raw``: ``kwargs`` is an OpenAI body (everything but the budget and streaming is kept as it is);
@@ -134,9 +148,7 @@ def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw
         body = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs and k != "extra_body"}
         body.update(dict(kwargs.get("extra_body") or {}))
     body.update(model=slow.served_model, max_tokens=1)
-    if salt is not None:
-        body["cache_salt"] = salt
-    return body
+    return with_body_salt(body, salt, keep_caller=keep_caller_salt)
 
 
 def as_litellm_sends(model: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:

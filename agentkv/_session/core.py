@@ -27,7 +27,7 @@ from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, decide_route, interval_decides, is_escalation
 from agentkv.stats import SessionStats
-from agentkv.tenancy import resolve_cache_salt
+from agentkv.tenancy import keeps_caller_salt, resolve_cache_salt, screen_caller_salts
 from agentkv.tokens import Payload, TokenCount, TokenCounter
 from agentkv.tokens.payload import detached
 from agentkv.state import StateStore
@@ -148,6 +148,8 @@ class SessionCore:
         if self.closed:
             raise RuntimeError(f"Session {self.session_id!r} is closed")
         max_tokens_of(kwargs)  # a bad budget is refused before any count or network call
+        screen_caller_salts(kwargs, self.cache_salt, keep=self._keeps_caller_salt, session=self.session_id,
+                            tenant=self.tenant)  # so is a bad salt of the caller's own; another is replaced
         payload = request_payload(kwargs, self._backends(), self.counters.values())
         if payload.messages is None:
             raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
@@ -174,7 +176,12 @@ class SessionCore:
             self._stats.add("catalog_refusals")
         self._log_route(decision, count)
         return Attempt(decision, self._backend(decision.role), kwargs, payload, count, self.cache_salt,
-                       timeout_s=self.request_timeout_s, sent_at=self._stamp())
+                       timeout_s=self.request_timeout_s, sent_at=self._stamp(),
+                       keeps_caller_salt=self._keeps_caller_salt)
+
+    @property
+    def _keeps_caller_salt(self) -> bool:
+        return keeps_caller_salt(self.tenant, self.cache_salt)
 
     def _stamp(self) -> float | None:
         """The publishers' clock now (vLLM stamps event batches with ``time.time()``; the prediction reads the ledger
@@ -255,10 +262,12 @@ class SessionCore:
         url = raw_warm_target(self.slow)
         try:
             if url is not None:  # a raw POST: the same bytes as the request, no litellm import on the way
-                body = warm_body(self.slow, attempt.kwargs, self.cache_salt, raw=attempt.raw)
+                body = warm_body(self.slow, attempt.kwargs, self.cache_salt, raw=attempt.raw,
+                                 keep_caller_salt=attempt.keeps_caller_salt)
                 (self._warm.apost if asynchronous else self._warm.post)(url, body, self.http)
                 return
-            call = warm_kwargs(self.slow, attempt.kwargs, self.cache_salt, self.warm_ahead.timeout_s)
+            call = warm_kwargs(self.slow, attempt.kwargs, self.cache_salt, self.warm_ahead.timeout_s,
+                               keep_caller_salt=attempt.keeps_caller_salt)
         except Exception as exc:  # building a warm never raises into the caller
             self._warm.abandon(exc)
             return

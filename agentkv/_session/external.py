@@ -126,7 +126,8 @@ class SendsOutside(ReactivePath):
             decision = None
         target = facts.fast if role == "fast" else facts.slow
         sent = as_sent(target, role, input_tokens=count.total, max_tokens=max_tokens_of(kwargs), count_source=count.source)
-        return Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt), decision
+        return Attempt(sent, self._backend(role), kwargs, payload, count, self.cache_salt,
+                       keeps_caller_salt=self._keeps_caller_salt), decision
 
     def _observation(self, attempt: Attempt, decision: RouteDecision | None, facts: Facts) -> Observation:
         target = facts.fast if attempt.decision.role == "fast" else facts.slow

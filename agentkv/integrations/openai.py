@@ -28,6 +28,7 @@ import httpx
 
 from agentkv._session.attempts import Attempt
 from agentkv.errors import ContextOverflowError
+from agentkv.tenancy import with_body_salt
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ def counted_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def outgoing_body(body: Mapping[str, Any], attempt: Attempt, salt: str | None) -> dict[str, Any]:
-    """The body for this try: the slow model's id when routed there, the clamped budget, the tenant's salt."""
+    """The body for this try: the slow model's id when routed there, the clamped budget, the tenant's salt
+    (replacing the caller's: :func:`agentkv.tenancy.with_body_salt`)."""
     out = dict(body)
     if attempt.decision.role == "slow":
         out["model"] = attempt.backend.served_model
@@ -68,9 +70,7 @@ def outgoing_body(body: Mapping[str, Any], attempt: Attempt, salt: str | None) -
     if budget is not None:
         keys = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None] or ["max_tokens"]
         out.update({key: budget for key in keys})
-    if salt is not None and attempt.backend.api_base:
-        out["cache_salt"] = salt
-    return out
+    return with_body_salt(out, salt if attempt.backend.api_base else None, keep_caller=attempt.keeps_caller_salt)
 
 
 def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: Attempt,

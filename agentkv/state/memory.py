@@ -11,8 +11,9 @@ _TOKENS = itertools.count()
 
 
 class InProcessStore:
-    """Cooldowns in a :class:`CooldownMap`, slots in an :class:`InFlightLimit`, both process-wide
-    unless given; claims are atomic under the map's lock. Windows stay in each
+    """Cooldowns in a :class:`CooldownMap` (bounded per tenant, as the Redis store's: a tenant can evict only
+    its own entries), slots in an :class:`InFlightLimit`, both process-wide unless given; claims are atomic
+    under the map's lock. Windows stay in each
     :class:`~agentkv.discovery.WindowDiscovery`'s own cache (``read_window`` answers None)."""
 
     def __init__(self, cooldowns: CooldownMap | None = None, in_flight: InFlightLimit | None = None) -> None:

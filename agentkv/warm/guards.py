@@ -18,14 +18,21 @@ from agentkv._defaults import shared
 
 
 class CooldownMap:
-    """At most one warm per (tenant, session) per ``ttl_s``, in a bounded, locked ``TTLCache``.
+    """At most one warm per (tenant, session) per ``ttl_s``; each tenant's entries in a bounded ``TTLCache``
+    of its own, all behind one lock.
 
+    ``maxsize`` bounds each tenant's sessions separately (past it, that tenant's oldest entry is evicted, as
+    :class:`~agentkv.state.redis.RedisStore` does): a tenant opening any number of sessions evicts only its
+    own cooldowns, never another tenant's. ``max_tenants`` bounds how many tenants hold live entries at once;
+    past it a new tenant's claim is refused (that warm is skipped) rather than evicting anyone's cooldowns.
     Many Sessions share one map (:func:`shared_cooldowns`). It offers no way to list keys; a Session
     reaches it only through :meth:`for_tenant`, which can touch its own tenant's entries and no other.
     """
 
-    def __init__(self, maxsize: int = 256, ttl_s: float = 300.0, *, timer: Callable[[], float] = time.monotonic) -> None:
-        self._entries: TTLCache[tuple[str, str], float] = TTLCache(maxsize, ttl_s, timer=timer)
+    def __init__(self, maxsize: int = 256, ttl_s: float = 300.0, *, timer: Callable[[], float] = time.monotonic,
+                 max_tenants: int = 1024) -> None:
+        self.maxsize, self.ttl_s, self.max_tenants = maxsize, ttl_s, max_tenants
+        self._tenants: dict[str, TTLCache[str, float]] = {}
         self._lock = threading.Lock()
         self._timer = timer
 
@@ -34,25 +41,47 @@ class CooldownMap:
         return TenantCooldowns(self, tenant or "")
 
     def size(self) -> int:
-        """How many entries are held (never which)."""
+        """How many entries are held, over all tenants (never which)."""
         with self._lock:
-            self._entries.expire()
-            return len(self._entries)
+            self._purge()
+            return sum(len(entries) for entries in self._tenants.values())
 
     def _claim(self, key: tuple[str, str]) -> bool:
+        tenant, session = key
         with self._lock:
-            if key in self._entries:
+            entries = self._tenants.get(tenant)
+            if entries is None:
+                if len(self._tenants) >= self.max_tenants:
+                    self._purge()
+                if len(self._tenants) >= self.max_tenants:
+                    return False  # full of other tenants' live cooldowns: skip this warm, evict no one
+                entries = self._tenants[tenant] = TTLCache(self.maxsize, self.ttl_s, timer=self._timer)
+            if session in entries:
                 return False
-            self._entries[key] = self._timer()
+            entries[session] = self._timer()
             return True
 
     def _active(self, key: tuple[str, str]) -> bool:
+        tenant, session = key
         with self._lock:
-            return key in self._entries
+            entries = self._tenants.get(tenant)
+            return entries is not None and session in entries
 
     def _reset(self, key: tuple[str, str]) -> None:
+        tenant, session = key
         with self._lock:
-            self._entries.pop(key, None)
+            entries = self._tenants.get(tenant)
+            if entries is not None:
+                entries.pop(session, None)
+                if not entries:
+                    del self._tenants[tenant]
+
+    def _purge(self) -> None:
+        """Drop expired entries and tenants left with none (the lock held)."""
+        for tenant, entries in list(self._tenants.items()):
+            entries.expire()
+            if not entries:
+                del self._tenants[tenant]
 
 
 @dataclass(frozen=True)
