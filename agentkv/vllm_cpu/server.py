@@ -85,7 +85,7 @@ class VLLMServer:
         argv = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_path),
                 "--served-model-name", self.model, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.window),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--disable-log-stats"]
+                "--enable-prefix-caching", "--enable-prompt-tokens-details"]
         if self.tool_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
         if self.kv_events:
