@@ -233,12 +233,16 @@ def test_sources_without_events_several_ranks_or_inproc_are_handled():
         from_sources({"0": {**source, "endpoint": "inproc://kv"}}, "h")
 
 
-def test_a_backend_wildcard_endpoint_is_bound_and_a_wildcard_replay_refused():
-    """A Backend's kv_events tcp://*:P is bound (the server connects to it); a concrete one is connected to."""
-    assert from_backend(Backend("hosted_vllm/s", kv_events="tcp://*:5557")).bind
-    assert not from_backend(Backend("hosted_vllm/s", kv_events="tcp://10.0.0.5:5557")).bind
-    with pytest.raises(ConfigurationError, match="kv_events_replay"):
-        from_backend(Backend("hosted_vllm/s", kv_events="tcp://10.0.0.5:5557", kv_events_replay="tcp://*:5558"))
+def test_a_backend_endpoint_written_as_the_servers_config_is_reached_at_its_api_base_host():
+    """A Backend's kv_events tcp://*:P (vLLM's own bind config) is connected to at its api_base's host; a concrete
+    address as it is; a wildcard with no api_base to take the host from is a configuration error."""
+    wild = Backend("hosted_vllm/s", api_base="http://10.0.0.5:8000/v1", kv_events="tcp://*:5557",
+                   kv_events_replay="tcp://*:5558")
+    assert from_backend(wild) == Subscription("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", bind=False)
+    concrete = Backend("hosted_vllm/s", kv_events="tcp://10.0.0.6:5557", kv_events_replay="tcp://10.0.0.6:5558")
+    assert from_backend(concrete) == Subscription("tcp://10.0.0.6:5557", "tcp://10.0.0.6:5558")
+    with pytest.raises(ConfigurationError, match="api_base"):
+        from_backend(Backend("hosted_vllm/s", kv_events="tcp://*:5557"))
 
 
 def test_discover_follows_the_servers_that_publish_and_skips_the_rest():

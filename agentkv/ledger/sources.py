@@ -8,20 +8,22 @@ vLLM dials out, so the subscriber must be the one bound there. Its replay ROUTER
   resolved it): a bound PUB is connected to, its wildcard host replaced by the server's host
   (``tcp://*:5557`` at ``http://10.0.0.5:8000`` → ``tcp://10.0.0.5:5557``); a connecting PUB's endpoint is bound
   as it is; the replay endpoint is connected to the same way;
-- from a :class:`~agentkv.Backend`'s ``kv_events`` (the ledger's side): a wildcard host (``*``, ``[::]``,
-  ``0.0.0.0``), which nothing can connect to, is bound (the server connects to it); any other address is
-  connected to. Its ``kv_events_replay`` is connected to, so it must name the server's address.
+- from a :class:`~agentkv.Backend`'s ``kv_events`` / ``kv_events_replay`` (the server's endpoints): both are
+  connected to; written as the server's own configuration says them (``tcp://*:5557``), the wildcard host is the
+  host of the Backend's ``api_base``. A vLLM that connects out is followed through :func:`from_sources` (or a
+  :class:`Subscription` with ``bind=True`` handed to the ledger).
 
 Usage::
 
     sub = from_sources(httpx.get(root + "/kv_event_sources").json(), "10.0.0.5")
-    sub = from_backend(backend)
+    sub = from_backend(backend)         # Backend(..., kv_events="tcp://*:5557") at http://10.0.0.5:8000 → 10.0.0.5
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from agentkv.errors import ConfigurationError
 
@@ -97,11 +99,17 @@ def from_sources(sources: Mapping[str, Any], server_host: str, *, rank: int | No
 
 
 def from_backend(backend: Any) -> Subscription:
-    """The subscription a Backend's ``kv_events`` / ``kv_events_replay`` declare (the ledger's side of each)."""
-    endpoint, replay = str(backend.kv_events), backend.kv_events_replay
-    parts = _host_port(endpoint)
-    bind = parts is not None and parts[0] in _WILDCARDS
-    if replay is not None and (_host_port(str(replay)) or ("", ""))[0] in _WILDCARDS:
-        raise ConfigurationError(f"kv_events_replay must be the server's address, not a wildcard: {replay!r} (vLLM "
-                                 "binds its replay endpoint; the ledger connects to it)")
-    return Subscription(endpoint, None if replay is None else str(replay), bind)
+    """The subscription a Backend's ``kv_events`` / ``kv_events_replay`` declare: both connected to, a wildcard host
+    (the server's own ``tcp://*:P``) read as the host of its ``api_base``."""
+    root = getattr(backend, "server_root", None)
+    host = urlsplit(root).hostname if root else None
+
+    def reached(endpoint: str) -> str:
+        parts = _host_port(endpoint)
+        if parts is not None and parts[0] in _WILDCARDS and host is None:
+            raise ConfigurationError(f"KV-events endpoint {endpoint!r} names no host and the backend has no api_base "
+                                     "to take it from: name the server's address")
+        return _reachable(endpoint, host or "")
+
+    replay = backend.kv_events_replay
+    return Subscription(reached(str(backend.kv_events)), None if replay is None else reached(str(replay)))

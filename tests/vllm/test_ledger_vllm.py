@@ -61,12 +61,17 @@ def quiet(server, timeout_s=60.0):
 
 
 def test_discovery_connects_to_the_bound_endpoints_at_the_servers_host(vllm_slow_alone):
-    """GET /kv_event_sources names tcp://*:P; the ledger connects to 127.0.0.1:P, subscribed to vLLM's topic."""
+    """GET /kv_event_sources names tcp://*:P; the ledger connects to 127.0.0.1:P (the server's host), subscribed to
+    vLLM's topic; a Backend declaring tcp://*:P as the server's config writes it is reached the same way."""
     sources = httpx.get(vllm_slow_alone.root + "/kv_event_sources", timeout=10).json()
     assert sources["0"]["endpoint"] == f"tcp://*:{vllm_slow_alone.events_port}"
     ledger = CacheLedger.discover([backend(vllm_slow_alone)])
     assert ledger.subscription(vllm_slow_alone.model) == Subscription(
         vllm_slow_alone.events_endpoint, vllm_slow_alone.replay_endpoint, bind=False, topic="kv-events")
+    # the same endpoints copied from the server's config into a Backend are reached at its api_base's host
+    copied = backend(vllm_slow_alone, kv_events=sources["0"]["endpoint"], kv_events_replay=sources["0"]["replay_endpoint"])
+    assert CacheLedger([copied]).subscription(copied) == Subscription(vllm_slow_alone.events_endpoint,
+                                                                       vllm_slow_alone.replay_endpoint)
 
 
 def test_a_ledger_started_after_traffic_catches_up_through_replay_and_predicts_exactly(vllm_slow_alone):
