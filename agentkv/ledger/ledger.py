@@ -157,11 +157,14 @@ class CacheLedger:
         """The names of the backends this ledger follows."""
         return list(self._trees)
 
-    def start(self) -> CacheLedger:
-        """Start every subscription thread; returns self."""
+    def start(self, *, wait_s: float = 60.0) -> CacheLedger:
+        """Start every subscription thread and wait (up to ``wait_s`` in all) until each has applied what its server's
+        replay buffer held, so a ledger started after its servers answers from their history at once; returns self."""
         for subscriber in self._subscribers.values():
-            subscriber.start()
-        emit("ledger.started", backends=len(self._subscribers))
+            subscriber.start(wait_s=0.0)
+        deadline = time.monotonic() + wait_s
+        synced = sum(sub.wait_ready(max(0.0, deadline - time.monotonic())) for sub in self._subscribers.values())
+        emit("ledger.started", backends=len(self._subscribers), synced=synced)
         return self
 
     def stop(self) -> None:

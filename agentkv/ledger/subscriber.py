@@ -63,10 +63,16 @@ class EndpointSubscriber:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"agentkv-ledger-{name}", daemon=True)
 
-    def start(self) -> EndpointSubscriber:
+    def start(self, *, wait_s: float = 60.0) -> EndpointSubscriber:
+        """Start the thread and wait (up to ``wait_s``) for its start-up replay to be applied."""
         self._thread.start()
-        self._ready.wait(5.0)
+        self.wait_ready(wait_s)
         return self
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until the start-up replay is applied (or failed); True when it is. The replay is bounded: batches
+        stream to the end marker, each wait for the next bounded by ``replay_timeout_s``."""
+        return self._ready.wait(timeout_s)
 
     @property
     def running(self) -> bool:
