@@ -189,3 +189,49 @@ def test_a_restart_that_outgrew_the_old_counters_is_a_reset_by_its_created_times
     assert not compare("b", before, server_counters(later), HitCounters(), HitCounters(50, 5), window_s=1.0).reset
     bare = "vllm:prefix_cache_queries_total 150\nvllm:prefix_cache_hits_total 15\n"
     assert not compare("b", before, server_counters(bare), HitCounters(), HitCounters(50, 5), window_s=1.0).reset
+
+
+# --- a Session's own traffic, warms included ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair():
+    """An embedded fast (2048-token window) and slow (16384, publishing KV events) pair."""
+    from agentkv.local.server import LocalServer
+
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    fast = LocalServer.from_size("tiny", window=2048, model_id="hr-fast")
+    slow = LocalServer.from_size("tiny", window=16384, model_id="hr-slow", seed=1, kv_events_config=events)
+    with fast, slow:
+        yield fast, slow
+
+
+def test_a_sessions_warms_are_recorded_so_the_cross_check_agrees(pair):
+    """A Session with a ledger records its warm-ahead requests like its others: over a conversation that warms slow and
+    escalates to it, the ledger's tokens queried and hit equal the slow server's /metrics deltas."""
+    import uuid
+
+    from agentkv import Backend, Session, WarmAheadPolicy, WindowDiscovery
+    from agentkv.warm import CooldownMap, InFlightLimit
+
+    fast, slow = pair
+    backends = (Backend(f"hosted_vllm/{fast.model_id}", api_base=fast.api_base, name="fast"),
+                Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow",
+                        kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint))
+    messages = [{"role": "system", "content": f"{uuid.uuid4()} " + SYSTEM * 15}, {"role": "user", "content": "Start."}]
+    with CacheLedger([backends[1]]) as ledger:
+        s = Session(*backends, tenant="hit-rate", warm_ahead=WarmAheadPolicy(cooldown_s=0.001),
+                    cache_salt_secret="hit-rate-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
+                    in_flight=InFlightLimit(4), ledger=ledger)
+        assert ledger.cross_check(backends[1]) is None
+        roles = []
+        while "slow" not in roles[-1:] and len(roles) < 12:
+            s.completion(messages=messages, max_tokens=2)
+            assert s.drain_warms(60)
+            roles.append(s.last_route.role)
+            messages = messages + [{"role": "assistant", "content": "Done."},
+                                   {"role": "user", "content": "Next: " + "read the next file carefully " * 30}]
+        check = ledger.cross_check(backends[1])
+    stats = s.stats()
+    assert roles[-1] == "slow" and stats["warm_completed"] >= 1
+    assert check is not None and check.server.queries > 0 and check.server.hits > 0
+    assert check.agrees and check.unrecorded_queries == 0 and check.gap == 0

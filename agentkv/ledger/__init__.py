@@ -7,12 +7,16 @@ Usage::
     from agentkv.ledger import CacheLedger
     with CacheLedger([big_backend]) as ledger:
         ledger.resident_tokens(big_backend, token_ids, cache_salt)
+    with CacheLedger.discover([fast, slow]) as ledger:     # endpoints from each server's GET /kv_event_sources
+        ledger.subscription(slow)
 """
 
 from __future__ import annotations
 
 from agentkv.ledger.hit_rate import HitCounters, HitRateCheck
 from agentkv.ledger.ledger import CacheLedger, LedgerStats, RankedBlock, TenantScopeError
+from agentkv.ledger.sources import Subscription
 from agentkv.ledger.tree import BlockTree
 
-__all__ = ["BlockTree", "CacheLedger", "HitCounters", "HitRateCheck", "LedgerStats", "RankedBlock", "TenantScopeError"]
+__all__ = ["BlockTree", "CacheLedger", "HitCounters", "HitRateCheck", "LedgerStats", "RankedBlock", "Subscription",
+           "TenantScopeError"]

@@ -4,6 +4,7 @@ Usage::
 
     ledger = CacheLedger([Backend("hosted_vllm/big", api_base=..., kv_events="tcp://10.0.0.5:5557",
                                   kv_events_replay="tcp://10.0.0.5:5558")]).start()
+    ledger = CacheLedger.discover([fast, big]).start()        # endpoints from each server's /kv_event_sources
     ledger.resident_tokens("big", token_ids, cache_salt)      # what a request would find cached
     ledger.eviction_ranking("big", tenant="acme")            # acme's blocks, coldest first
     ledger.eviction_ranking("big", as_vram_manager=True)     # every tenant's: the VRAM manager only
@@ -18,12 +19,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
 
-from agentkv._http import HttpTransport, default_http
+from agentkv._http import HttpError, HttpTransport, default_http
 from agentkv.errors import AgentKVError, ConfigurationError
 from agentkv.events import emit
 from agentkv.ledger.hit_rate import HitCounters, HitRateCheck, compare, server_counters
+from agentkv.ledger.sources import Subscription, from_backend, from_sources
 from agentkv.ledger.subscriber import EndpointSubscriber
 from agentkv.ledger.tree import BlockTree
 from agentkv.tenancy import salts_for_tenant, tenant_for_salt
@@ -48,7 +51,10 @@ class RankedBlock:
 
 @dataclass(frozen=True)
 class LedgerStats:
-    """One backend's subscription: what it has applied, what it could not repair, how well it predicted."""
+    """One backend's subscription: what it has applied, what it could not repair, how well it predicted.
+
+    ``replays``: replay requests sent (one at start, one per gap); ``replay_timeouts``: those whose end marker never
+    came within the replay timeout (each cost the subscription thread that long)."""
 
     backend: str
     blocks: int
@@ -67,6 +73,8 @@ class LedgerStats:
     cached_tokens: int = 0
     queried_tokens: int = 0
     hit_tokens: int = 0
+    replays: int = 0
+    replay_timeouts: int = 0
 
     @property
     def hit_rate(self) -> float | None:
@@ -79,8 +87,10 @@ class CacheLedger:
 
     def __init__(self, backends: Iterable[Any], *, max_blocks_per_backend: int = 1 << 20,
                  replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time,
-                 http: HttpTransport | None = None) -> None:
-        """``http``: the seam :meth:`cross_check` scrapes ``/metrics`` through (default: the process-wide one)."""
+                 http: HttpTransport | None = None, sources: Mapping[str, Subscription] | None = None) -> None:
+        """``http``: the seam :meth:`cross_check` scrapes ``/metrics`` through (default: the process-wide one).
+        ``sources``: per backend label, the :class:`~agentkv.ledger.sources.Subscription` to follow instead of what
+        its ``kv_events`` declare (what :meth:`discover` builds from the server's ``/kv_event_sources``)."""
         self.clock = clock
         self.http = http
         self._roots: dict[str, str | None] = {}
@@ -90,32 +100,71 @@ class CacheLedger:
         self._trees: dict[str, BlockTree] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._subscribers: dict[str, EndpointSubscriber] = {}
+        self._sources: dict[str, Subscription] = {}
         # predictions, exact ones, tokens predicted, tokens cached, and tokens queried and hit (records with a prompt)
         self._accuracy: dict[str, tuple[int, ...]] = {}
+        sources = dict(sources or {})
         for backend in backends:
-            if getattr(backend, "kv_events", None) is None:
-                continue
             name = backend.label
+            source = sources.get(name)
+            if source is None and getattr(backend, "kv_events", None) is None:
+                continue
             if name in self._trees:
                 raise ConfigurationError(f"two backends named {name!r} publish KV events; name them apart")
+            source = self._sources[name] = source or from_backend(backend)
             self._trees[name] = BlockTree(max_blocks=max_blocks_per_backend)
             self._locks[name] = threading.Lock()
             self._accuracy[name] = (0, 0, 0, 0, 0, 0)
             self._roots[name] = getattr(backend, "server_root", None)
             self._subscribers[name] = EndpointSubscriber(
-                name, backend.kv_events, backend.kv_events_replay, self._trees[name], self._locks[name],
-                replay_timeout_s=replay_timeout_s)
+                name, source.endpoint, source.replay_endpoint, self._trees[name], self._locks[name],
+                topic=source.topic, bind=source.bind, replay_timeout_s=replay_timeout_s)
+
+    @classmethod
+    def discover(cls, backends: Iterable[Any], *, http: HttpTransport | None = None, timeout_s: float = 5.0,
+                 rank: int | None = None, **options: Any) -> CacheLedger:
+        """A ledger following every backend whose server publishes KV events, as ``GET /kv_event_sources`` says.
+
+        A backend that declares ``kv_events`` is followed as declared; any other with an ``api_base`` is asked (vLLM
+        answers ``{rank: KVEventsConfig}``): a bound endpoint (``tcp://*:P``) is connected to at the server's host,
+        one vLLM connects to is bound, and the topic is vLLM's. A server without events (``{}``) or without the
+        route (404: not vLLM, or one before it) is skipped. ``rank``: which data-parallel rank to follow (needed when
+        the server has several). ``options`` go to the constructor (``http`` too). Raises
+        :class:`agentkv._http.HttpError` when a server cannot be asked, :class:`ConfigurationError` when its
+        answer names no usable endpoint."""
+        backends = list(backends)
+        transport = http or default_http()
+        sources: dict[str, Subscription] = {}
+        for backend in backends:
+            root = getattr(backend, "server_root", None)
+            if getattr(backend, "kv_events", None) is not None or root is None:
+                continue
+            try:
+                answer = transport.get_json(f"{root}/kv_event_sources", timeout_s=timeout_s)
+            except HttpError as exc:
+                if exc.status_code != 404:
+                    raise
+                answer = {}
+            source = from_sources(answer, urlsplit(root).hostname or "127.0.0.1", rank=rank)
+            emit("ledger.discovered", backend=backend.label, found=source is not None,
+                 bind=source.bind if source else None, replay=bool(source and source.replay_endpoint))
+            if source is not None:
+                sources[backend.label] = source
+        return cls(backends, http=http, sources=sources, **options)
 
     @property
     def backends(self) -> list[str]:
         """The names of the backends this ledger follows."""
         return list(self._trees)
 
-    def start(self) -> CacheLedger:
-        """Start every subscription thread; returns self."""
+    def start(self, *, wait_s: float = 60.0) -> CacheLedger:
+        """Start every subscription thread and wait (up to ``wait_s`` in all) until each has applied what its server's
+        replay buffer held, so a ledger started after its servers answers from their history at once; returns self."""
         for subscriber in self._subscribers.values():
-            subscriber.start()
-        emit("ledger.started", backends=len(self._subscribers))
+            subscriber.start(wait_s=0.0)
+        deadline = time.monotonic() + wait_s
+        synced = sum(sub.wait_ready(max(0.0, deadline - time.monotonic())) for sub in self._subscribers.values())
+        emit("ledger.started", backends=len(self._subscribers), synced=synced)
         return self
 
     def stop(self) -> None:
@@ -270,8 +319,10 @@ class CacheLedger:
                 blocks = len(tree)
                 tokens = sum(block.tokens for block in tree.blocks.values())
                 accuracy = self._accuracy[name]
+            predictions, exact, predicted, cached, queried, hit = accuracy
             out.append(LedgerStats(name, blocks, tokens, sub.batches, sub.events, sub.gaps, sub.replayed,
-                                   sub.unrepaired, tree.resets, tree.forgotten, sub.errors, *accuracy))
+                                   sub.unrepaired, tree.resets, tree.forgotten, sub.errors, predictions, exact,
+                                   predicted, cached, queried, hit, sub.replays, sub.replay_timeouts))
         return out
 
     def block_size(self, backend: Any) -> int | None:
@@ -293,6 +344,10 @@ class CacheLedger:
         never-started ledger still answers from its last tree, which nothing corrects any more."""
         name = backend if isinstance(backend, str) else backend.label
         return name in self._subscribers and self._subscribers[name].running
+
+    def subscription(self, backend: Any) -> Subscription:
+        """Where the ledger follows ``backend``'s events: the endpoint (bound or connected to), replay and topic."""
+        return self._sources[self._name(backend)]
 
     def last_seq(self, backend: Any) -> int:
         """The last sequence number applied for ``backend`` (-1 before the first)."""

@@ -3,7 +3,9 @@
 :class:`SlowResidency` is handed the ledger, the slow backend, the tenant's salt and the slow backend's token
 counter. Its methods run in a warm's background job, never on a request path: they turn a prompt into the
 slow server's token ids (its ``/tokenize``, or a template declared for it), read the ledger into a
-:class:`~agentkv.warm.events.Residency`, and remember the prefix this session last warmed.
+:class:`~agentkv.warm.events.Residency`, and remember the prefix this session last warmed. A warm it sent is
+recorded with the ledger like any request (:meth:`SlowResidency.record_warm`): the server's ``/metrics`` count
+its prefix-cache lookup, so :meth:`~agentkv.ledger.CacheLedger.cross_check` must see it too.
 
     residency = SlowResidency(ledger, slow, cache_salt, counters[slow.label])
     ids, exact = residency.counter.token_ids(payload)
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from agentkv.backends import Backend
 from agentkv.events import emit
@@ -32,6 +34,20 @@ _POLL_S = 0.01
 # pool threads that may sleep waiting for a warm to show at once: the rest confirm at once (a warm not yet shown
 # leaves no baseline), so a silent ledger under many sessions cannot take the 4 workers other warms need
 _SETTLING = threading.BoundedSemaphore(2)
+
+
+def _field(obj: Any, name: str) -> Any:
+    """``obj[name]`` for a mapping (a raw POST's JSON), ``obj.name`` otherwise (litellm's objects); None if absent."""
+    if obj is None:
+        return None
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def usage_numbers(response: Any) -> tuple[int | None, int | None]:
+    """``(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens)`` of a warm's answer, None where absent."""
+    usage = _field(response, "usage")
+    prompt, cached = _field(usage, "prompt_tokens"), _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
+    return (prompt if isinstance(prompt, int) else None), (cached if isinstance(cached, int) else None)
 
 
 class SlowResidency:
@@ -70,6 +86,22 @@ class SlowResidency:
             emit("warm_residency_unknown", level="debug", backend=self.backend.label, tokens=len(ids))
             return "fire" if claimed else "cooldown"
         return decide_event_warm(self.residency(ids), claimed=claimed, policy=policy)
+
+    def record_warm(self, ids: Sequence[int], exact: bool, sent_at: float, response: Any) -> None:
+        """Record a sent warm with the ledger as the Session records a request: the ledger's prediction as of
+        ``sent_at`` (the publishers' ``time.time()`` before the send) against the ``cached_tokens`` it reported, and
+        its prompt (``usage.prompt_tokens``) toward the hit rate. Not recorded, like a request, when the prompt's
+        exact ids, a live ledger or the reported ``cached_tokens`` are missing. Never raises."""
+        try:
+            prompt_tokens, cached = usage_numbers(response)
+            if not exact or cached is None or not self.ledger.live(self.backend):
+                emit("warm_unrecorded", level="debug", backend=self.backend.label, exact=exact,
+                     reported=cached is not None)
+                return
+            predicted = self.ledger.resident_tokens(self.backend, ids, self.cache_salt, as_of=sent_at)
+            self.ledger.record(self.backend, predicted, cached, prompt_tokens=prompt_tokens or len(ids))
+        except Exception as exc:  # a warm's bookkeeping never raises into anyone
+            emit("warm_record_failed", level="debug", error=type(exc).__name__)
 
     def remember(self, ids: list[int]) -> None:
         """``ids`` is now the session's warmed prefix, held as far as the ledger shows right now."""

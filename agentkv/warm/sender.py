@@ -316,8 +316,10 @@ class WarmAhead:
             if outcome in SENDS and not claimed:
                 lease = self._event_lease(*self._try_claim(self._store.claim))
             if outcome in SENDS and (claimed or lease is not None):
-                send()
+                sent_at = time.time()  # the publishers' clock, as the Session stamps a request for its prediction
+                response = send()
                 self._sent(outcome, payload)
+                residency.record_warm(ids, exact, sent_at, response)
                 residency.settle(ids)
         except Exception as exc:  # a warm never raises into anyone
             self._failed(exc)
@@ -337,8 +339,10 @@ class WarmAhead:
             if outcome in SENDS and not claimed:
                 lease = self._event_lease(*await self._atry_claim())
             if outcome in SENDS and (claimed or lease is not None):
-                await send()
+                sent_at = time.time()
+                response = await send()
                 self._sent(outcome, payload)
+                residency.record_warm(ids, exact, sent_at, response)
                 await residency.asettle(ids)
         except Exception as exc:  # a warm never raises into anyone
             self._failed(exc)

@@ -94,8 +94,8 @@ def vllm_pair(request):
         return
     python = request.getfixturevalue("vllm_python")
     models = request.getfixturevalue("vllm_models")
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError, free_port
-    from agentkv.vllm_cpu.server import kv_events_config
+    from agentkv.vllm_cpu import VLLMServer, VLLMStartError
+    from agentkv.vllm_cpu.server import free_port, kv_events_config
 
     events, replay = free_port(), free_port()
     fast = VLLMServer(python, models.fast, window=2048, served_name="fast", threads_bind="0")
@@ -139,5 +139,32 @@ def disposable_fast(vllm_python, vllm_models):
         _unavailable(str(exc))
     try:
         yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_slow_alone(request, vllm_slow):
+    """A slow server (8192 tokens, KV events on bind endpoints) that no other client talks to, for tests that read its
+    ``/metrics`` deltas or its whole event history: the tier's own ``vllm_slow`` when the tier started the pair (CI,
+    where the tier runs alone and its tests one at a time), else one started here for the session, since the dev
+    servers ``AGENTKV_VLLM_REUSE=1`` reuses serve other clients too."""
+    if os.environ.get("AGENTKV_VLLM_REUSE") != "1" or vllm_slow.port != DEV_PORTS["slow"]:
+        yield vllm_slow
+        return
+    python = request.getfixturevalue("vllm_python")
+    models = request.getfixturevalue("vllm_models")
+    from agentkv.vllm_cpu import VLLMServer, VLLMStartError
+    from agentkv.vllm_cpu.server import free_port, kv_events_config
+
+    events, replay = free_port(), free_port()
+    server = VLLMServer(python, models.slow, window=8192, served_name="slow", threads_bind="nobind",
+                        kv_events=kv_events_config(events, replay))
+    try:
+        server.start()
+    except VLLMStartError as exc:
+        _unavailable(str(exc))
+    try:
+        yield RealServer("slow", server.port, 8192, events, replay)
     finally:
         server.stop()
