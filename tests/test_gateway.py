@@ -174,7 +174,7 @@ def test_tenants_get_their_own_salt_and_conversation(gateway, fresh):
     salts = [b["cache_salt"] for b in chat_requests(fresh["fast"])]
     assert salts == [derive_cache_salt(SECRET, "acme")] + [derive_cache_salt(SECRET, "globex")] * 2
     assert ACME not in salts and GLOBEX not in salts
-    assert sorted(tenant for tenant, _ in gateway.app.state.ctx.sessions._entries) == ["acme", "globex"]
+    assert sorted(tenant for tenant, _ in gateway.app.state.ctx.sessions.keys()) == ["acme", "globex"]
 
 
 def test_conversation_identity_is_header_then_user_then_opening(gateway):
@@ -185,7 +185,7 @@ def test_conversation_identity_is_header_then_user_then_opening(gateway):
                           ({"messages": later, "user": "u-1"}, {}), ({"messages": opening, "user": "u-1"}, {}),
                           ({"messages": later, "user": "u-1"}, {"x-session-id": "chat-9"})]:
         post(gateway, "/chat/completions", {"model": "m", "max_tokens": 2, **body}, headers=headers).raise_for_status()
-    kinds = sorted(conversation[:2] for _, conversation in gateway.app.state.ctx.sessions._entries)
+    kinds = sorted(conversation[:2] for _, conversation in gateway.app.state.ctx.sessions.keys())
     assert kinds == ["f:", "h:", "u:"]
     assert metric(gateway.root, "agentkv_gateway_sessions") == 3
 

@@ -41,6 +41,14 @@ class SessionMap(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 
+    def keys(self) -> list[K]:
+        """The keys held, least recently used first."""
+        return list(self._entries)
+
+    def values(self) -> list[V]:
+        """The values held, least recently used first."""
+        return [value for _, value in self._entries.values()]
+
     def get(self, key: K) -> V:
         """The value for ``key``, built when absent or expired; it becomes the most recently used."""
         now = self._clock()
