@@ -35,13 +35,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_logging() -> None:
-    """One JSON line per event on stderr, info and above (events carry sizes and hashes, never prompt text)."""
+    """One JSON line per event on stderr, from ``AGENTKV_GATEWAY_LOG_LEVEL`` up (info by default; events carry sizes
+    and hashes, never prompt text)."""
+    import os
+
     import structlog
+
+    name = (os.environ.get("AGENTKV_GATEWAY_LOG_LEVEL") or "info").strip().upper()
+    level = logging.getLevelName(name) if isinstance(logging.getLevelName(name), int) else logging.INFO
 
     structlog.configure(
         processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
                     structlog.processors.JSONRenderer()],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=True)
 
 

@@ -27,6 +27,7 @@ from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 __all__ = ["GatewayContext", "backends_of", "session_id"]
 
 _Key = tuple[str, str]  # (tenant, conversation)
+_UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
 def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:
@@ -44,7 +45,7 @@ def session_id(conversation: str) -> str:
 class GatewayContext:
     """One gateway process's shared state. ``http`` replaces the upstream client (tests)."""
 
-    def __init__(self, config: GatewayConfig, *, http: httpx.AsyncClient | None = None,
+    def __init__(self, config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | None = None,
                  state: StateStore | None = None) -> None:
         self.config = config
         self.created = int(time.time())
@@ -63,10 +64,12 @@ class GatewayContext:
         self.sessions: SessionMap[_Key, Session] = SessionMap(
             self._new_session, max_sessions=config.max_sessions, idle_s=config.session_idle_s,
             on_drop=lambda session: session.close())
-        timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s,
-                                pool=config.connect_timeout_s)
-        self.http = http or httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(
+        # the transport itself, not a client over it: one request is one send (no auth, redirects or cookies)
+        self.upstream = transport or httpx.AsyncHTTPTransport(limits=httpx.Limits(
             max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0))
+        self._timeout = {"connect": config.connect_timeout_s, "read": config.read_timeout_s,
+                         "write": config.read_timeout_s, "pool": config.connect_timeout_s}
+        self._urls: dict[str, httpx.URL] = {}
         emit("gateway.ready", fast=self.fast.api_base, slow=self.slow.api_base, tenants=len(self.keys.tenants)
              if self.keys else 0, shared_state=redis_url is not None, salted=self.secret is not None)
 
@@ -89,6 +92,15 @@ class GatewayContext:
         return Session(self.fast, self.slow, tenant=tenant, session_id=session_id(conversation), state=self.state,
                        discovery=self.discovery, warm_ahead=self.warm_ahead, **salted)
 
+    async def send(self, url: str, content: bytes) -> httpx.Response:
+        """POST ``content`` (JSON) to ``url`` upstream; the answer's body is left unread (a stream)."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
+        request = httpx.Request("POST", parsed, content=content, extensions={"timeout": self._timeout},
+                                headers=_UPSTREAM_HEADERS)
+        return await self.upstream.handle_async_request(request)
+
     async def aclose(self) -> None:
-        """Close the upstream client (the process's Sessions need nothing closed)."""
-        await self.http.aclose()
+        """Close the upstream connections (the process's Sessions need nothing closed)."""
+        await self.upstream.aclose()

@@ -64,10 +64,8 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
     ctx.metrics.warm(attempt.warm)
     stream = bool(body.get("stream"))
     while True:
-        request = ctx.http.build_request("POST", upstream_url(attempt), content=try_body(body, attempt, session.cache_salt),
-                                         headers={"content-type": _JSON, "accept-encoding": "identity"})
         try:
-            response = await ctx.http.send(request, stream=True)
+            response = await ctx.send(upstream_url(attempt), try_body(body, attempt, session.cache_salt))
         except httpx.HTTPError as error:
             retry = await _next_try(ctx, session, attempt, error)
             if retry is None:
