@@ -108,7 +108,7 @@ def test_sync_sdk_stream_arrives_before_the_backend_has_finished(gateway, fresh)
 
 
 def test_text_completions_are_routed_by_the_same_rules(gateway, fresh):
-    """POST /v1/completions: a short prompt on fast, one past fast's window on slow (proactive)."""
+    """POST /v1/completions: a short prompt on fast, one past fast's window on slow (proactive), streams too."""
     client = openai.OpenAI(base_url=gateway.base_url, api_key=ACME, max_retries=0)
     short = client.completions.with_raw_response.create(model="x", prompt=f"{uuid.uuid4()} hi", max_tokens=4)
     long = client.completions.with_raw_response.create(model="x", prompt=f"{uuid.uuid4()} " + "word " * 2500,
@@ -118,6 +118,8 @@ def test_text_completions_are_routed_by_the_same_rules(gateway, fresh):
     assert short.parse().model == fresh["fast"].model_id and long.parse().model == fresh["slow"].model_id
     sent = [r.body for r in fresh["slow"].requests if r.path == "/v1/completions"]
     assert sent[-1]["cache_salt"] == derive_cache_salt(SECRET, "acme") and sent[-1]["model"] == fresh["slow"].model_id
+    chunks = list(client.completions.create(model="x", prompt=f"{uuid.uuid4()} hi", max_tokens=4, stream=True))
+    assert len(chunks) > 1 and {c.model for c in chunks} == {fresh["fast"].model_id}
 
 
 def test_the_sdk_sees_a_401_as_an_authentication_error(gateway):
@@ -247,6 +249,15 @@ def test_a_fast_backend_down_fails_over_to_slow(make_gateway, fresh):
     assert answer.status_code == 200 and answer.json()["model"] == fresh["slow"].model_id
     assert (answer.headers["x-agentkv-backend"], answer.headers["x-agentkv-route"]) == ("slow", "failover")
     assert metric(gateway.root, "agentkv_failovers_total") == 1
+
+
+def test_a_slow_backend_down_fails_over_to_fast_when_the_request_fits(make_gateway, fresh):
+    """Slow unreachable: a request routed to slow goes to fast when its input leaves room there, route `failover`."""
+    gateway = make_gateway(slow_url=closed_port_url(), connect_timeout_s=2.0)
+    messages = next(m for i, m in enumerate(conversation()) if i == 7)  # ~1,900 tokens: slow by the output floor
+    answer = post(gateway, "/chat/completions", {"model": "m", "messages": messages, "tools": TOOLS8, "max_tokens": 8})
+    assert answer.status_code == 200 and answer.json()["model"] == fresh["fast"].model_id
+    assert (answer.headers["x-agentkv-backend"], answer.headers["x-agentkv-route"]) == ("fast", "failover")
 
 
 def test_both_backends_down_is_a_502_in_openai_shape(make_gateway):

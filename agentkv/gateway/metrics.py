@@ -21,10 +21,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics", "NOT_WARMS"]
+__all__ = ["CONTENT_TYPE_LATEST", "GatewayMetrics", "NOT_WARMS", "ROUTES", "WARM_OUTCOMES"]
 
 NOT_WARMS = frozenset({"", "below_threshold", "no_window", "routed_slow"})
 """Warm outcomes that are no warm decision at all (the request was far from the boundary, or went to slow)."""
+ROUTES = ("fits", "clamped", "proactive", "reactive_clamp", "reactive_escalate", "failover")
+"""The final route reasons an answer can carry (``x-agentkv-route``)."""
+WARM_OUTCOMES = ("fire", "cooldown", "saturated", "state_unavailable", "disabled", "unknown_model", "break_even")
+"""The warm-ahead outcomes past the threshold."""
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -55,6 +59,11 @@ class GatewayMetrics:
         self.upstream_errors = Counter("agentkv_gateway_upstream_errors_total",
                                        "Error answers passed on from a backend, by backend and status.",
                                        ["backend", "status"], registry=registry)
+        for role in ("fast", "slow"):  # every series a check may read exists from the start, at 0
+            for route in ROUTES:
+                self.requests.labels(role, route)
+        for outcome in WARM_OUTCOMES:
+            self.warms.labels(outcome)
         self.latency = Histogram("agentkv_gateway_request_seconds", "Seconds from the request to the answer's headers.",
                                  ["backend"], buckets=_BUCKETS, registry=registry)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -48,11 +49,20 @@ def _uvicorn_config(config: GatewayConfig, **extra: Any) -> Any:
 
 def serve(config: GatewayConfig) -> None:
     """Serve ``config`` in the foreground until interrupted (``config.workers`` processes on one port)."""
+    os.environ[CONFIG_ENV] = config.to_env()  # every worker (and a single in-process server) builds its app from it
+    made = None
+    if config.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        made = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="agentkv-gateway-metrics-")
+    try:
+        _run(config)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def _run(config: GatewayConfig) -> None:
     import uvicorn
 
-    os.environ[CONFIG_ENV] = config.to_env()  # every worker (and a single in-process server) builds its app from it
-    if config.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="agentkv-gateway-metrics-")
     server_config = _uvicorn_config(config)
     sock = tcp_socket(config.host, config.port)
     if config.workers == 1:
