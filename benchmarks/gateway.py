@@ -9,9 +9,9 @@ gateway is ``agentkv gateway`` in a process of its own (one worker). The client 
    through the gateway alternating; p50 and p99 of each, the difference, and the median paired difference;
    and the gateway process's CPU time per request (``/proc``: what it adds when no other process competes).
 2. Time to the first streamed byte: the same, streaming; the first body chunk's arrival.
-3. 500 concurrent streaming conversations through the one gateway process: errors and wall time; then 1,000
-   more conversations (8 at a time) and the gateway's RSS per idle conversation (RSS after minus before, over
-   the conversations it then holds more).
+3. Memory: 2,000 conversations (8 at a time), then the gateway's RSS per idle conversation (RSS after minus
+   before, over the conversations it then holds more); and 500 concurrent streaming conversations through the
+   one gateway process: errors and wall time.
 
     python benchmarks/gateway.py                 # about 3 minutes on 2 CPU cores
     python benchmarks/gateway.py --requests 500 --concurrent 500 --no-vllm
@@ -60,7 +60,11 @@ def served(window: int, name: str) -> Iterator[str]:
         yield line.rsplit(" at ", 1)[1].strip()
     finally:
         child.terminate()
-        child.wait(10)
+        try:
+            child.wait(60)  # it lets requests in flight finish first
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(10)
 
 
 class Gateway:
@@ -88,7 +92,11 @@ class Gateway:
 
     def __exit__(self, *exc: Any) -> None:
         self.process.terminate()
-        self.process.wait(30)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
         self._log.close()
 
     def cpu_s(self) -> float:
@@ -213,16 +221,17 @@ def bench_backend(label: str, fast: str, fast_model: str, slow: str, slow_model:
                side_by_side(fast + "/chat/completions", fast_model, gateway, args.requests, stream=True))
         if not concurrency:
             return
-        errors, seconds = asyncio.run(concurrent_streams(gw, fast_model, args.concurrent))
-        print(f"  {args.concurrent} concurrent streaming conversations through one gateway process: "
-              f"{errors} errors, {seconds:.1f} s")
-        # then idle conversations one after another: the buffers of the concurrent run are already paid for
+        # idle conversations first, 8 at a time, while the heap holds little else (the concurrent run's buffers,
+        # once freed, would absorb them unseen)
         before_rss, before_held = gateway.rss_bytes(), held(gateway.root)
         asyncio.run(concurrent_streams(gw, fast_model, args.idle, parallel=8))
         after_rss, after_held = gateway.rss_bytes(), held(gateway.root)
         per = (after_rss - before_rss) / max(1, after_held - before_held)
-        print(f"    gateway RSS {before_rss / 2**20:.1f} -> {after_rss / 2**20:.1f} MiB for {after_held - before_held} "
-              f"more idle conversations: {per / 1024:.1f} KiB per idle conversation")
+        print(f"  memory: gateway RSS {before_rss / 2**20:.1f} -> {after_rss / 2**20:.1f} MiB for "
+              f"{after_held - before_held} more idle conversations: {per / 1024:.1f} KiB per idle conversation")
+        errors, seconds = asyncio.run(concurrent_streams(gw, fast_model, args.concurrent))
+        print(f"  {args.concurrent} concurrent streaming conversations through one gateway process: "
+              f"{errors} errors, {seconds:.1f} s (gateway RSS then {gateway.rss_bytes() / 2**20:.1f} MiB)")
 
 
 def held(root: str) -> int:
@@ -244,7 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="timed requests per side and mode")
     parser.add_argument("--concurrent", type=int, default=500, help="concurrent streaming conversations")
-    parser.add_argument("--idle", type=int, default=1000, help="conversations added to measure memory per idle one")
+    parser.add_argument("--idle", type=int, default=2000, help="conversations added to measure memory per idle one")
     parser.add_argument("--no-vllm", action="store_true", help="skip the real-vLLM pair even when it is up")
     parser.add_argument("--log-dir", default=None, help="where the gateways' logs go (default: a temp dir)")
     args = parser.parse_args()
