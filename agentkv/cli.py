@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("agentkv.handoff.cli", "evaluate a saved KV mapper"),
     "bench": ("agentkv.handoff.cli", "benchmarks: `agentkv bench handoff`"),
     "train-family": ("agentkv.local.family.cli", "train a small/large model family on the Python stdlib (CPU)"),
+    "gateway": ("agentkv.gateway.cli", "an OpenAI-compatible gateway routing between a fast and a slow backend"),
 }
 
 

@@ -51,6 +51,11 @@ class Attempt:
         return f"Attempt({', '.join(shown)})"
 
     @property
+    def text(self) -> bool:
+        """True for a text completion (a ``prompt``, no ``messages``): it goes to ``/completions``."""
+        return self.payload.messages is None
+
+    @property
     def call_kwargs(self) -> dict[str, Any]:
         """The litellm kwargs for this try (the Session's request timeout unless the caller set one)."""
         call = request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens,
@@ -119,11 +124,12 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
 # The providers whose self-hosted servers take the OpenAI body as it is: their warms go out as raw POSTs.
 _RAW_PROVIDERS = ("hosted_vllm", "openai")
 # Keys of a raw body that never shape the prompt and must not ride on a one-token warm.
-_NOT_FOR_WARMS = ("stream", "stream_options", "max_completion_tokens", "max_tokens", "n", "model")
+_NOT_FOR_WARMS = ("stream", "stream_options", "max_completion_tokens", "max_tokens", "n", "best_of", "model")
 
 
-def raw_warm_target(slow: Backend) -> str | None:
-    """The ``/chat/completions`` URL a warm to ``slow`` is POSTed to raw, or None to send it through litellm.
+def raw_warm_target(slow: Backend, *, text: bool = False) -> str | None:
+    """The ``/chat/completions`` URL a warm to ``slow`` is POSTed to raw (``/completions`` for a ``text``
+    completion), or None to send it through litellm.
 
     Self-hosted OpenAI-compatible servers without a key qualify: the warm then never waits for a
     litellm import and carries exactly the bytes the caller's request will carry.
@@ -131,7 +137,7 @@ def raw_warm_target(slow: Backend) -> str | None:
     provider = slow.model.split("/", 1)[0] if "/" in slow.model else ""
     if not slow.api_base or slow.api_key or provider not in _RAW_PROVIDERS:
         return None
-    return f"{slow.api_base.rstrip('/')}/chat/completions"
+    return f"{slow.api_base.rstrip('/')}/{'completions' if text else 'chat/completions'}"
 
 
 def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw: bool,

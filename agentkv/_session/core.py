@@ -144,14 +144,15 @@ class SessionCore:
 
     # ----------------------------------------------------------------- planning (no I/O below here)
 
-    def _open_request(self, kwargs: dict[str, Any]) -> Payload:
+    def _open_request(self, kwargs: dict[str, Any], *, text: bool = False) -> Payload:
+        """The request's payload, checked; ``text``: a prompt-only body (a text completion) is accepted too."""
         if self.closed:
             raise RuntimeError(f"Session {self.session_id!r} is closed")
         max_tokens_of(kwargs)  # a bad budget is refused before any count or network call
         screen_caller_salts(kwargs, self.cache_salt, keep=self._keeps_caller_salt, session=self.session_id,
                             tenant=self.tenant)  # so is a bad salt of the caller's own; another is replaced
         payload = request_payload(kwargs, self._backends(), self.counters.values())
-        if payload.messages is None:
+        if payload.messages is None and not text:
             raise ValueError("Session.completion needs 'messages'; 'prompt' alone is a text completion")
         self._history = [*self._history[-1:], detached(payload)]  # as sent, whatever the caller edits later
         return payload
@@ -259,8 +260,11 @@ class SessionCore:
     def _send_warm(self, attempt: Attempt, asynchronous: bool) -> None:
         if not self._warm.wants_send(attempt.warm) or self.slow is None:
             return
-        url = raw_warm_target(self.slow)
+        text = attempt.text  # a text completion warms ``/completions`` with its prompt
+        url = raw_warm_target(self.slow, text=text)
         try:
+            if url is None and text:
+                raise ValueError("a text completion is warmed only by a raw POST to a self-hosted slow backend")
             if url is not None:  # a raw POST: the same bytes as the request, no litellm import on the way
                 body = warm_body(self.slow, attempt.kwargs, self.cache_salt, raw=attempt.raw,
                                  keep_caller_salt=attempt.keeps_caller_salt)

@@ -50,12 +50,17 @@ class SendsOutside(ReactivePath):
     def prepare(self, body: Mapping[str, Any]) -> Attempt:
         """Count, route and clamp a raw OpenAI request ``body`` its caller sends itself, and warm when due.
 
-        For senders outside litellm (the httpx transport, the LangChain router): the returned
+        For senders outside litellm (the httpx transport, the LangChain router, the gateway): the returned
         :class:`Attempt` says where it goes (``decision``, ``backend``) and with which output budget;
         a warm repeats ``body`` itself with a one-token budget. Hand an overflow to :meth:`recover` and
         the answer to :meth:`answered`.
+
+        ``body`` is a ``/chat/completions`` body (``messages``) or a ``/completions`` one: a ``prompt``
+        alone (a string or a list of strings) is a text completion, counted as that text and routed by
+        the same rules; its warm is a one-token ``/completions`` POST of the same prompt to a self-hosted
+        slow backend (:attr:`Attempt.text` says which endpoint the attempt is for).
         """
-        payload = self._open_request(dict(body))
+        payload = self._open_request(dict(body), text=True)
         facts = self._facts()
         attempt = self._prepared(body, payload, self._count(body, payload, facts), facts)
         self._maybe_warm(attempt, facts, asynchronous=False)
@@ -63,7 +68,7 @@ class SendsOutside(ReactivePath):
 
     async def aprepare(self, body: Mapping[str, Any]) -> Attempt:
         """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
-        payload = self._open_request(dict(body))
+        payload = self._open_request(dict(body), text=True)
         facts = await self._afacts()
         attempt = self._prepared(body, payload, await self._acount(body, payload, facts), facts)
         await self._amaybe_warm(attempt, facts)

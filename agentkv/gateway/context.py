@@ -1,0 +1,106 @@
+"""What one gateway process shares across its requests, built at startup and closed at shutdown: the two
+backends, the state store and discovery, the keys, the conversations' Sessions, the upstream HTTP client,
+and the metrics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import httpx
+
+import agentkv._env as _env
+from agentkv._session.driver import Session
+from agentkv.backends import Backend
+from agentkv.discovery import WindowDiscovery, discovery_for
+from agentkv.events import digest, emit
+from agentkv.gateway.auth import ANONYMOUS, ApiKeys, bearer_token, load_api_keys, salt_secret
+from agentkv.gateway.config import GatewayConfig
+from agentkv.gateway.metrics import GatewayMetrics
+from agentkv.gateway.sessions import SessionMap
+from agentkv.state import InProcessStore, StateStore
+from agentkv.state.config import redis_store_for
+from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
+
+__all__ = ["GatewayContext", "backends_of", "session_id"]
+
+_Key = tuple[str, str]  # (tenant, conversation)
+_UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
+
+def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:
+    """The fast and slow :class:`Backend` s: self-hosted OpenAI-compatible servers, named "fast" and "slow"."""
+    fast = Backend(f"hosted_vllm/{config.fast_model}", api_base=config.fast_url.rstrip("/"), name="fast")
+    slow = Backend(f"hosted_vllm/{config.slow_model}", api_base=config.slow_url.rstrip("/"), name="slow")
+    return fast, slow
+
+
+def session_id(conversation: str) -> str:
+    """The Session id of a conversation: a digest, the same in every process (a client's id never reaches a log)."""
+    return "gw-" + hashlib.sha256(conversation.encode()).hexdigest()[:32]
+
+
+class GatewayContext:
+    """One gateway process's shared state. ``http`` replaces the upstream client (tests)."""
+
+    def __init__(self, config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | None = None,
+                 state: StateStore | None = None) -> None:
+        self.config = config
+        self.created = int(time.time())
+        self.fast, self.slow = backends_of(config)
+        self.keys: ApiKeys | None = load_api_keys(config.api_keys) if config.api_keys else None
+        self.secret = salt_secret(_env.cache_salt_secret(), self.keys)
+        redis_url = config.redis_url or _env.redis_url()
+        # the cooldown map holds as many conversations as the gateway does (the library's default is 256)
+        self.warm_ahead = WarmAheadPolicy(max_sessions=config.max_sessions)
+        self.state: StateStore = state or (redis_store_for(redis_url) if redis_url else InProcessStore(
+            CooldownMap(config.max_sessions, self.warm_ahead.cooldown_s), InFlightLimit(self.warm_ahead.max_in_flight)))
+        # windows are discovered per gateway (a Redis store shares them, and corrections, with every process)
+        self.discovery: WindowDiscovery = WindowDiscovery() if isinstance(self.state, InProcessStore) \
+            else discovery_for(self.state)
+        self.metrics = GatewayMetrics()
+        self.sessions: SessionMap[_Key, Session] = SessionMap(
+            self._new_session, max_sessions=config.max_sessions, idle_s=config.session_idle_s,
+            on_drop=lambda session: session.close())
+        # the transport itself, not a client over it: one request is one send (no auth, redirects or cookies)
+        self.upstream = transport or httpx.AsyncHTTPTransport(limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0))
+        self._timeout = {"connect": config.connect_timeout_s, "read": config.read_timeout_s,
+                         "write": config.read_timeout_s, "pool": config.connect_timeout_s}
+        self._urls: dict[str, httpx.URL] = {}
+        emit("gateway.ready", fast=self.fast.api_base, slow=self.slow.api_base, tenants=len(self.keys.tenants)
+             if self.keys else 0, shared_state=redis_url is not None, salted=self.secret is not None)
+
+    def tenant(self, authorization: str | None) -> str | None:
+        """The tenant a request's ``Authorization`` header names (the anonymous one without a keys file)."""
+        if self.keys is None:
+            return ANONYMOUS
+        return self.keys.tenant(bearer_token(authorization))
+
+    def session(self, tenant: str, conversation: str) -> Session:
+        """The conversation's Session (built on its first request; the map's size is exported)."""
+        session = self.sessions.get((tenant, conversation))
+        self.metrics.sessions.set(len(self.sessions))
+        return session
+
+    def _new_session(self, key: _Key) -> Session:
+        tenant, conversation = key
+        salted: dict[str, Any] = {"cache_salt_secret": self.secret} if self.secret else {"cache_salt": False}
+        emit("gateway.session.new", tenant=tenant, conversation=digest(conversation), held=len(self.sessions))
+        return Session(self.fast, self.slow, tenant=tenant, session_id=session_id(conversation), state=self.state,
+                       discovery=self.discovery, warm_ahead=self.warm_ahead, **salted)
+
+    async def send(self, url: str, content: bytes) -> httpx.Response:
+        """POST ``content`` (JSON) to ``url`` upstream; the answer's body is left unread (a stream)."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
+        request = httpx.Request("POST", parsed, content=content, extensions={"timeout": self._timeout},
+                                headers=_UPSTREAM_HEADERS)
+        return await self.upstream.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close the upstream connections (the process's Sessions need nothing closed)."""
+        await self.upstream.aclose()

@@ -1,0 +1,158 @@
+"""One routed request, from the client's body to a backend's answer, through the Session's public core.
+
+This is the httpx transport's loop (:mod:`agentkv.integrations.openai`) over a gateway's upstream client, and it
+decides nothing itself: :meth:`Session.aprepare` counts, routes, clamps and warms; each try's body is the
+transport's :func:`~agentkv.integrations.openai.outgoing_body` (the backend's model id, the budget, the tenant's
+salt); a rejection (400, 413) or an outage (502, 503, 504, an unreachable backend) goes to
+:meth:`Session.arecover`, which clamps, escalates or fails over, or gives the error back to pass on; the answer
+goes to :meth:`Session.answered`, a stream's once it has ended. A stream's bytes pass through as they come.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Mapping
+
+import anyio
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from agentkv._session.attempts import Attempt
+from agentkv._session.driver import Session
+from agentkv.errors import ContextOverflowError
+from agentkv.events import emit
+from agentkv.gateway.context import GatewayContext
+from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
+from agentkv.integrations.openai import Rejected, UsageWatch, counted_view, outgoing_body
+
+__all__ = ["RECOVERABLE", "relay", "upstream_url"]
+
+RECOVERABLE = (400, 413, 502, 503, 504)
+"""Statuses handed to :meth:`Session.arecover`: a possible context overflow, or an outage."""
+_JSON = "application/json"
+
+
+def upstream_url(attempt: Attempt) -> str:
+    """The endpoint of this try: the backend's ``/chat/completions``, or ``/completions`` for a text completion."""
+    base = (attempt.backend.api_base or "").rstrip("/")
+    return f"{base}/completions" if attempt.text else f"{base}/chat/completions"
+
+
+def try_body(body: Mapping[str, Any], attempt: Attempt, salt: str | None) -> bytes:
+    """This try's JSON: the client's body addressed to the attempt's backend (whatever ``model`` it named)."""
+    return json.dumps(outgoing_body({**body, "model": attempt.backend.served_model}, attempt, salt)).encode()
+
+
+def own_error(status: int, message: str) -> Response:
+    """An answer the gateway makes itself (no route headers)."""
+    return Response(error_body(status, message), status_code=status, media_type=_JSON)
+
+
+async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> Response:
+    """Route ``body`` through ``session`` and answer with what the final backend said."""
+    started = time.perf_counter()
+    try:
+        attempt = await session.aprepare(counted_view(body))
+    except ContextOverflowError as refusal:
+        ctx.metrics.rejections.labels("400").inc()
+        return own_error(400, str(refusal))
+    except ValueError as bad:
+        ctx.metrics.rejections.labels("400").inc()
+        return own_error(400, str(bad))
+    ctx.metrics.warm(attempt.warm)
+    stream = bool(body.get("stream"))
+    while True:
+        try:
+            response = await ctx.send(upstream_url(attempt), try_body(body, attempt, session.cache_salt))
+        except httpx.HTTPError as error:
+            retry = await _next_try(ctx, session, attempt, error)
+            if retry is None:
+                return _unreachable(ctx, attempt, error)
+            attempt = retry
+            continue
+        if response.status_code in RECOVERABLE:
+            raw = await _read_closed(response)
+            retry = await _next_try(ctx, session, attempt, Rejected(response.status_code, raw.decode("utf-8", "replace")))
+            if retry is None:
+                return _upstream_error(ctx, attempt, response.status_code, raw)
+            attempt = retry
+            continue
+        ctx.metrics.latency.labels(attempt.decision.role).observe(time.perf_counter() - started)
+        if response.status_code >= 400:
+            return _upstream_error(ctx, attempt, response.status_code, await _read_closed(response))
+        ctx.metrics.requests.labels(attempt.decision.role, attempt.decision.reason).inc()
+        if stream:
+            return _streamed(session, attempt, response)
+        raw = await _read_closed(response)
+        session.answered(attempt, _parsed(raw), asynchronous=True)
+        return Response(raw, status_code=response.status_code, media_type=response.headers.get("content-type", _JSON),
+                        headers=route_headers(attempt.decision))
+
+
+async def _next_try(ctx: GatewayContext, session: Session, attempt: Attempt, error: Exception) -> Attempt | None:
+    """The Session's next try after ``error`` (counted by kind), or None when the error is the answer."""
+    try:
+        retry = await session.arecover(attempt, error)
+    except (Rejected, ContextOverflowError, httpx.HTTPError):
+        return None
+    if retry.decision.reason == "failover":
+        ctx.metrics.failovers.inc()
+    else:
+        ctx.metrics.overflows_recovered.inc()
+    return retry
+
+
+def _parsed(raw: bytes) -> Any:
+    """A JSON answer parsed for :meth:`Session.answered` (its ``usage``); ``{}`` when it is not JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {}
+
+
+async def _read_closed(response: httpx.Response) -> bytes:
+    try:
+        return await response.aread()
+    finally:
+        await response.aclose()
+
+
+def _upstream_error(ctx: GatewayContext, attempt: Attempt, status: int, raw: bytes) -> Response:
+    """A backend's error answer, in OpenAI's shape with its status, from the backend that produced it."""
+    ctx.metrics.upstream_errors.labels(attempt.decision.role, str(status)).inc()
+    emit("gateway.upstream_error", backend=attempt.decision.role, status=status, bytes=len(raw))
+    return Response(upstream_error_body(status, raw), status_code=status, media_type=_JSON,
+                    headers=route_headers(attempt.decision))
+
+
+def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) -> Response:
+    """No backend could be reached (or the last one timed out): 504 for a timeout, else 502."""
+    status = 504 if isinstance(error, httpx.TimeoutException) else 502
+    ctx.metrics.upstream_errors.labels(attempt.decision.role, str(status)).inc()
+    emit("gateway.unreachable", level="warning", backend=attempt.decision.role, error=type(error).__name__)
+    return own_error(status, f"the {attempt.decision.role} backend could not be reached ({type(error).__name__})")
+
+
+def _streamed(session: Session, attempt: Attempt, response: httpx.Response) -> StreamingResponse:
+    headers = {**route_headers(attempt.decision), "cache-control": "no-cache"}
+    return StreamingResponse(_passed_through(session, attempt, response), status_code=response.status_code,
+                             media_type=response.headers.get("content-type", "text/event-stream"), headers=headers)
+
+
+async def _passed_through(session: Session, attempt: Attempt, response: httpx.Response) -> AsyncIterator[bytes]:
+    """The backend's SSE bytes as they arrive. A client that leaves cancels this generator, which closes the
+    upstream response (the backend then aborts the request); usage is recorded when the stream ends either way."""
+    watch = UsageWatch()
+    try:
+        async for data in response.aiter_raw():
+            watch.feed(data)
+            yield data
+    except httpx.HTTPError as error:  # headers are sent: end with an error event, as vLLM's stream generators do
+        emit("gateway.stream_broken", level="warning", backend=attempt.decision.role, error=type(error).__name__)
+        yield b"data: " + error_body(502, f"the backend's stream broke ({type(error).__name__})") + b"\n\n"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        session.answered(attempt, watch.usage_chunk, asynchronous=True)
