@@ -7,10 +7,11 @@ warm's rendered prompt is a token-exact prefix of the escalated request's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from agentkv.backends import Backend
+from agentkv.retry import CLIENT_RETRIES_OFF, TurnTries
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_cache_salt
 from agentkv.tokens import Payload, TokenCount
@@ -41,6 +42,7 @@ class Attempt:
     timeout_s: float | None = None
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
     sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
+    turn: TurnTries = field(default_factory=TurnTries)  # shared by every try of one turn (``replace`` keeps it)
 
     @property
     def call_kwargs(self) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
     """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt."""
     shaped = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
     call = request_kwargs(slow, shaped, salt, max_tokens=1)
-    call["timeout"] = timeout_s
+    call.update(timeout=timeout_s, **CLIENT_RETRIES_OFF)  # one warm is one request, whatever the client retries
     return call
 
 
