@@ -579,3 +579,112 @@ def test_a_users_client_is_told_not_to_retry():
     with pytest.raises(Unavailable503):
         s.completion(messages=HI, max_tokens=4)
     assert client.requests == 3
+
+
+# ----------------------------------------------------------------------------- issue 21: the OpenAI SDK's transport
+
+def _sdk(s, fast, *, asynchronous, max_retries=5):
+    """An OpenAI SDK client over agentkv's transport, with more retries of its own than the policy allows."""
+    import httpx
+    import openai
+
+    from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport
+
+    if asynchronous:
+        return openai.AsyncOpenAI(base_url=fast + "/v1", api_key="-", max_retries=max_retries,
+                                  http_client=httpx.AsyncClient(transport=AsyncAgentKVTransport(s)))
+    return openai.OpenAI(base_url=fast + "/v1", api_key="-", max_retries=max_retries,
+                         http_client=httpx.Client(transport=AgentKVTransport(s)))
+
+
+def _create(client, asynchronous, **extra):
+    """One chat completion (a stream's chunks collected), the async client run on a loop of its own."""
+    async def run():
+        answer = await client.chat.completions.create(model="fast-m", messages=HI, max_tokens=4, **extra)
+        return [chunk async for chunk in answer] if extra.get("stream") else answer
+
+    if asynchronous:
+        return asyncio.run(run())
+    answer = client.chat.completions.create(model="fast-m", messages=HI, max_tokens=4, **extra)
+    return list(answer) if extra.get("stream") else answer
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_the_openai_sdk_under_the_transport_fails_over_a_fast_backend_that_is_down(fault, asynchronous):
+    """Under AgentKVTransport, a fast backend refusing, dropping or half-answering the connection hands the turn to
+    slow after the policy's 3 tries, however many retries the SDK has of its own."""
+    base, server = _fault_url(fault)
+    with RawServer("answer") as slow:
+        s = _real_session(base, slow.url)
+        try:
+            answer = _create(_sdk(s, base, asynchronous=asynchronous), asynchronous)
+        finally:
+            if server is not None:
+                server.close()
+    assert answer.choices[0].message.content == "ok" and s.last_route.reason == "failover"
+    assert slow.chats == 1 and (server is None or server.chats == 3)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_sdks_own_retries_never_multiply_the_transports(asynchronous):
+    """Both backends answer 503: each gets the policy's 3 tries and the SDK (max_retries=5) none of its own; both
+    unreachable: the same, and the caller gets the SDK's own APIConnectionError."""
+    import openai
+
+    with RawServer("503") as fast, RawServer("503") as slow:
+        s = _real_session(fast.url, slow.url)
+        with pytest.raises(openai.InternalServerError):
+            _create(_sdk(s, fast.url, asynchronous=asynchronous), asynchronous)
+    assert (fast.chats, slow.chats) == (3, 3)
+    refused = f"http://127.0.0.1:{closed_port()}"
+    with RawServer("close") as slow:
+        s = _real_session(refused, slow.url)
+        with pytest.raises(openai.APIConnectionError):
+            _create(_sdk(s, refused, asynchronous=asynchronous), asynchronous)
+    assert slow.chats == 3
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_stream_broken_after_its_first_bytes_is_not_resent(asynchronous):
+    """A stream that breaks after its first event raises StreamBrokenError to the caller, who holds a partial answer;
+    nothing is re-sent, to fast or to slow."""
+    from agentkv.integrations.openai import StreamBrokenError
+
+    with RawServer("stream_cut") as fast, RawServer("answer") as slow:
+        s = _real_session(fast.url, slow.url)
+        with pytest.raises(StreamBrokenError, match="never re-sends a stream"):
+            _create(_sdk(s, fast.url, asynchronous=asynchronous), asynchronous, stream=True)
+    assert (fast.chats, slow.chats) == (1, 0)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_stream_that_breaks_before_its_first_bytes_fails_over(asynchronous):
+    """A stream whose connection closes before its first event has given the caller nothing: it is retried and failed
+    over like any outage, and slow's stream reaches the caller whole."""
+    with RawServer("stream_empty") as fast, RawServer("answer") as slow:
+        s = _real_session(fast.url, slow.url)
+        chunks = _create(_sdk(s, fast.url, asynchronous=asynchronous), asynchronous, stream=True,
+                         stream_options={"include_usage": True})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
+    assert (fast.chats, slow.chats) == (3, 1) and s.last_route.reason == "failover"
+    assert s.ledger[-1].cached_tokens == 0  # the usage chunk was read on the way
+
+
+def test_the_usage_watch_holds_a_bounded_line_in_linear_time():
+    """32 MiB of one SSE line without a newline is dropped as it grows (under 2 MiB held at the peak, not 32), and the
+    usage line after it is still read."""
+    import tracemalloc
+
+    from agentkv.integrations.openai import UsageWatch
+
+    watch, piece = UsageWatch(), b"x" * 65536
+    tracemalloc.start()
+    try:
+        for _ in range(512):
+            watch.feed(piece)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    watch.feed(b'\ndata: {"choices": [], "usage": {"prompt_tokens": 3}}\n')
+    assert peak < 2 * 2**20 and watch.usage_chunk["usage"] == {"prompt_tokens": 3}
