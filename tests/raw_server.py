@@ -11,7 +11,8 @@ completions it was sent (``chats``) and the bytes of body it wrote (``sent``).
     "stream_empty"  SSE headers, then closes before any event
     "503"           a vLLM-shaped 503
     "silent"        reads the request and answers nothing until the server is closed
-    "drip"          ``payload`` (a whole HTTP response, headers too) one byte every ``every`` seconds
+    "drip"          ``head`` at once, then ``payload`` one byte every ``every`` seconds
+    "raw"           ``payload`` (a whole HTTP response) at once
     "big"           a 200 JSON answer of ``size`` bytes, written as fast as the client reads
 """
 
@@ -56,8 +57,9 @@ def json_answer(status: int, body: object, reason: str = "OK") -> bytes:
 class RawServer:
     """One listening socket on 127.0.0.1 serving ``mode`` (see the module docstring) until :meth:`close`."""
 
-    def __init__(self, mode: str, *, payload: bytes = b"", every: float = 0.05, size: int = 0) -> None:
-        self.mode, self.payload, self.every, self.size = mode, payload, every, size
+    def __init__(self, mode: str, *, payload: bytes = b"", head: bytes = b"", every: float = 0.05,
+                 size: int = 0) -> None:
+        self.mode, self.payload, self.head, self.every, self.size = mode, payload, head, every, size
         self.chats = 0
         self.sent = 0
         self.requests: list[bytes] = []
@@ -141,7 +143,10 @@ class RawServer:
                                                      "code": 503}}, "Service Unavailable"))
         elif mode == "silent":
             self._stop.wait(30)
+        elif mode == "raw":
+            conn.sendall(self.payload)
         elif mode == "drip":
+            conn.sendall(self.head)
             for i in range(len(self.payload)):
                 if self._stop.is_set():
                     return
