@@ -215,8 +215,8 @@ def gave_up(request: httpx.Request, error: Exception) -> Exception:
     """The error to raise when no try is left. Under the OpenAI SDK (its ``x-stainless-retry-count`` header), the
     SDK's own ``APIConnectionError``/``APITimeoutError`` raised from ``error``: openai >= 2 propagates an
     ``OpenAIError`` from its transport without retrying it, so its ``max_retries`` never multiplies the policy's."""
-    if "x-stainless-retry-count" not in request.headers:
-        return error
+    if "x-stainless-retry-count" not in request.headers or not isinstance(error, httpx.TransportError):
+        return error  # not under the SDK, or not an error it would have wrapped (and retried) itself
     try:
         import openai
     except ImportError:
