@@ -688,3 +688,34 @@ def test_the_usage_watch_holds_a_bounded_line_in_linear_time():
         tracemalloc.stop()
     watch.feed(b'\ndata: {"choices": [], "usage": {"prompt_tokens": 3}}\n')
     assert peak < 2 * 2**20 and watch.usage_chunk["usage"] == {"prompt_tokens": 3}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_raw_httpx_client_over_the_transport_fails_over_too(fault, asynchronous):
+    """A plain httpx client over AgentKVTransport (no SDK): an unreachable fast is failed over to slow, whose answer
+    comes back as it came; with slow down too, httpx's own error reaches the caller, not an SDK's."""
+    import httpx
+
+    from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport
+
+    def post(s, base):
+        url = base + "/v1/chat/completions"
+        if asynchronous:
+            async def run():
+                async with httpx.AsyncClient(transport=AsyncAgentKVTransport(s)) as client:
+                    return await client.post(url, json=CHAT)
+            return asyncio.run(run())
+        with httpx.Client(transport=AgentKVTransport(s)) as client:
+            return client.post(url, json=CHAT)
+
+    base, server = _fault_url(fault)
+    try:
+        with RawServer("answer") as slow:
+            answer = post(_real_session(base, slow.url), base)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "ok"
+        with RawServer("reset") as slow, pytest.raises(httpx.TransportError):
+            post(_real_session(base, slow.url), base)
+    finally:
+        if server is not None:
+            server.close()
