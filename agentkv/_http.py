@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentkv._defaults import process_default
 
-__all__ = ["HttpError", "HttpTransport", "HttpxTransport", "default_http"]
+__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpError", "HttpTransport", "HttpxTransport", "default_http"]
 
 
 class HttpError(Exception):
@@ -92,8 +92,9 @@ class HttpxTransport:
 
         from agentkv._http_deadline import deadline
 
+        client = self._sync_client()  # made (once) outside the call's deadline
         try:
-            with deadline(timeout_s), self._sync_client().stream(method, url, json=body, timeout=timeout_s) as answer:
+            with deadline(timeout_s), client.stream(method, url, json=body, timeout=timeout_s) as answer:
                 content = _Capped(self.max_answer_bytes, url)
                 for chunk in answer.iter_bytes():
                     content.add(chunk)
@@ -104,8 +105,10 @@ class HttpxTransport:
     async def _asend(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None) -> Any:
         import httpx
 
+        client = self._async_client()
+
         async def call() -> Any:
-            async with self._async_client().stream(method, url, json=body, timeout=timeout_s) as answer:
+            async with client.stream(method, url, json=body, timeout=timeout_s) as answer:
                 content = _Capped(self.max_answer_bytes, url)
                 async for chunk in answer.aiter_bytes():
                     content.add(chunk)
