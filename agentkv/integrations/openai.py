@@ -231,65 +231,74 @@ def gave_up(request: httpx.Request, error: Exception) -> Exception:
 
 
 # ----------------------------------------------------------------------------- the streams
-class _SyncStream(httpx.SyncByteStream):
-    """The backend's SSE bytes, unchanged; usage recorded when the stream ends or is closed. A stream that breaks
-    after its first bytes raises :class:`StreamBrokenError` (never re-sent)."""
+class _Watched:
+    """What both stream twins keep: the usage watch, the bytes received, and the one call of ``finish``."""
 
     def __init__(self, sent: Sent, finish: Any, backend: str) -> None:
         self._sent, self._finish, self._backend = sent, finish, backend
         self._watch, self._done, self._received = UsageWatch(), False, 0
 
+    def _take(self, data: bytes) -> bytes:
+        self._received += len(data)
+        self._watch.feed(data)
+        return data
+
+    def _broken(self, error: BaseException) -> StreamBrokenError:
+        return broken(error, self._backend, self._received)
+
+    def _end(self) -> None:
+        if not self._done:
+            self._done = True
+            self._finish(self._watch.usage_chunk)
+
+
+class _SyncStream(_Watched, httpx.SyncByteStream):
+    """The backend's SSE bytes, unchanged; usage recorded when the stream ends or is closed. A stream that breaks
+    after its first bytes raises :class:`StreamBrokenError` (never re-sent)."""
+
     def __iter__(self) -> Iterator[bytes]:
         try:
             for data in itertools.chain([self._sent.first] if self._sent.first else [], self._sent.chunks):
-                self._received += len(data)
-                self._watch.feed(data)
-                yield data
+                yield self._take(data)
         except (httpx.TransportError, OSError) as error:
-            raise broken(error, self._backend, self._received) from error
+            raise self._broken(error) from error
         self._end()
 
     def close(self) -> None:
         self._sent.response.close()
         self._end()
 
-    def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            self._finish(self._watch.usage_chunk)
 
-
-class _AsyncStream(httpx.AsyncByteStream):
+class _AsyncStream(_Watched, httpx.AsyncByteStream):
     """The async twin of :class:`_SyncStream`."""
-
-    def __init__(self, sent: Sent, finish: Any, backend: str) -> None:
-        self._sent, self._finish, self._backend = sent, finish, backend
-        self._watch, self._done, self._received = UsageWatch(), False, 0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
             if self._sent.first:
-                self._take(self._sent.first)
-                yield self._sent.first
+                yield self._take(self._sent.first)
             async for data in self._sent.chunks:
-                self._take(data)
-                yield data
+                yield self._take(data)
         except (httpx.TransportError, OSError) as error:
-            raise broken(error, self._backend, self._received) from error
+            raise self._broken(error) from error
         self._end()
-
-    def _take(self, data: bytes) -> None:
-        self._received += len(data)
-        self._watch.feed(data)
 
     async def aclose(self) -> None:
         await self._sent.response.aclose()
         self._end()
 
-    def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            self._finish(self._watch.usage_chunk)
+
+def _answered(session: "Session", attempt: Attempt, sent: Sent, stream: bool, asynchronous: bool) -> httpx.Response:
+    """The answer handed to the caller's client: a stream wrapped to record its usage at its end, or the JSON answer
+    recorded now and replayed."""
+    response = sent.response
+    if not stream:
+        session.answered(attempt, json_answer(response, sent.raw) or {}, asynchronous=asynchronous)
+        return replayed(response, sent.raw)
+    kind = _AsyncStream if asynchronous else _SyncStream
+    wrapped = kind(sent, lambda usage: session.answered(attempt, usage, asynchronous=asynchronous),
+                   attempt.backend.label)
+    return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
+                          extensions=response.extensions)
 
 
 # ----------------------------------------------------------------------------- the transports
@@ -324,7 +333,7 @@ class AgentKVTransport(httpx.BaseTransport):
                 except Exception as final_error:
                     return _last_word(request, error, final_error)
                 continue
-            return self._answered(attempt, sent, stream)
+            return _answered(self.session, attempt, sent, stream, asynchronous=False)
 
     def _send(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, stream: bool) -> Sent:
         role, policy = attempt.decision.role, self.session.retry
@@ -350,15 +359,6 @@ class AgentKVTransport(httpx.BaseTransport):
         except BaseException:
             response.close()
             raise
-
-    def _answered(self, attempt: Attempt, sent: Sent, stream: bool) -> httpx.Response:
-        response = sent.response
-        if stream:
-            wrapped = _SyncStream(sent, lambda usage: self.session.answered(attempt, usage), attempt.backend.label)
-            return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
-                                  extensions=response.extensions)
-        self.session.answered(attempt, json_answer(response, sent.raw) or {})
-        return replayed(response, sent.raw)
 
     def close(self) -> None:
         self._inner.close()
@@ -389,7 +389,7 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
                 except Exception as final_error:
                     return _last_word(request, error, final_error)
                 continue
-            return self._answered(attempt, sent, stream)
+            return _answered(self.session, attempt, sent, stream, asynchronous=True)
 
     async def _send(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, stream: bool) -> Sent:
         role, policy = attempt.decision.role, self.session.retry
@@ -415,16 +415,6 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
         except BaseException:
             await response.aclose()
             raise
-
-    def _answered(self, attempt: Attempt, sent: Sent, stream: bool) -> httpx.Response:
-        response = sent.response
-        if stream:
-            wrapped = _AsyncStream(sent, lambda usage: self.session.answered(attempt, usage, asynchronous=True),
-                                   attempt.backend.label)
-            return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
-                                  extensions=response.extensions)
-        self.session.answered(attempt, json_answer(response, sent.raw) or {}, asynchronous=True)
-        return replayed(response, sent.raw)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
