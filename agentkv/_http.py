@@ -5,6 +5,11 @@ through an :class:`HttpTransport`. The default (:func:`default_http`) keeps one 
 ``httpx.Client`` per process and one ``httpx.AsyncClient`` per event loop; tests hand in
 :class:`agentkv.testing.FakeHttp`, whose one handler serves the sync and the async path alike.
 
+``timeout_s`` is a deadline for the whole call (connect, send, every byte of the answer), not a bound per
+read: a server trickling its answer a byte at a time is cut off at ``timeout_s`` (``HttpError.timed_out``).
+An answer is read in pieces and refused past ``max_answer_bytes`` (16 MiB by default; a ``/tokenize`` answer
+for a million-token prompt is about 8 MiB), never held whole first.
+
     http = default_http()
     models = http.get_json("http://127.0.0.1:8001/v1/models", timeout_s=3.0)
     answer = await http.apost_json("http://127.0.0.1:8001/tokenize", {"prompt": "hi"}, timeout_s=5.0)
@@ -20,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentkv._defaults import process_default
 
-__all__ = ["HttpError", "HttpTransport", "HttpxTransport", "default_http", "redact_url"]
+__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpError", "HttpTransport", "HttpxTransport", "default_http", "redact_url"]
 
 
 class HttpError(Exception):
@@ -50,54 +55,82 @@ class HttpTransport(Protocol):
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any: ...
 
 
-class HttpxTransport:
-    """:class:`HttpTransport` over httpx: one pooled sync client, one async client per event loop."""
+DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
-    def __init__(self) -> None:
+
+class HttpxTransport:
+    """:class:`HttpTransport` over httpx: one pooled sync client, one async client per event loop.
+
+    ``max_answer_bytes``: the largest answer read (decoded); a larger one is an :class:`HttpError`.
+    """
+
+    def __init__(self, *, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+        self.max_answer_bytes = max_answer_bytes
         self._lock = threading.Lock()
         self._sync: Any = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     def get_json(self, url: str, *, timeout_s: float) -> Any:
-        return self._send(lambda c: c.get(url, timeout=timeout_s), url)
+        return self._send("GET", url, None, timeout_s)
 
     def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return self._send(lambda c: c.post(url, json=body, timeout=timeout_s), url)
+        return self._send("POST", url, body, timeout_s)
 
     def get_text(self, url: str, *, timeout_s: float) -> str:
-        return str(self._send(lambda c: c.get(url, timeout=timeout_s), url, _text))
+        return str(self._send("GET", url, None, timeout_s, _text))
 
     async def aget_text(self, url: str, *, timeout_s: float) -> str:
-        return str(await self._asend(lambda c: c.get(url, timeout=timeout_s), url, _text))
+        return str(await self._asend("GET", url, None, timeout_s, _text))
 
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
-        return await self._asend(lambda c: c.get(url, timeout=timeout_s), url)
+        return await self._asend("GET", url, None, timeout_s)
 
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return await self._asend(lambda c: c.post(url, json=body, timeout=timeout_s), url)
+        return await self._asend("POST", url, body, timeout_s)
 
-    def _send(self, call: Any, url: str, parse: Any = None) -> Any:
+    def _send(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None) -> Any:
         import httpx
 
+        from agentkv._http_deadline import deadline
+
+        client = self._sync_client()  # made (once) outside the call's deadline
         try:
-            return (parse or _parsed)(call(self._sync_client()), url)
+            with deadline(timeout_s), client.stream(method, url, json=body, timeout=timeout_s) as answer:
+                content = _Capped(self.max_answer_bytes, url)
+                for chunk in answer.iter_bytes():
+                    content.add(chunk)
         except httpx.HTTPError as exc:
             raise _transport_error(exc, url) from exc
+        return (parse or _parsed)(_whole(answer, content.bytes()), url)
 
-    async def _asend(self, call: Any, url: str, parse: Any = None) -> Any:
+    async def _asend(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None) -> Any:
         import httpx
 
+        client = self._async_client()
+
+        async def call() -> Any:
+            async with client.stream(method, url, json=body, timeout=timeout_s) as answer:
+                content = _Capped(self.max_answer_bytes, url)
+                async for chunk in answer.aiter_bytes():
+                    content.add(chunk)
+                return answer, content
+
         try:
-            return (parse or _parsed)(await call(self._async_client()), url)
+            answer, content = await asyncio.wait_for(call(), timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise HttpError(f"no whole answer within {timeout_s} s from {_path(url)}", timed_out=True) from exc
         except httpx.HTTPError as exc:
             raise _transport_error(exc, url) from exc
+        return (parse or _parsed)(_whole(answer, content.bytes()), url)
 
     def _sync_client(self) -> Any:
         with self._lock:
             if self._sync is None:
                 import httpx
 
-                self._sync = httpx.Client(limits=httpx.Limits(max_keepalive_connections=32))
+                from agentkv._http_deadline import DeadlineTransport
+
+                self._sync = httpx.Client(transport=DeadlineTransport(httpx.Limits(max_keepalive_connections=32)))
             return self._sync
 
     def _async_client(self) -> Any:
@@ -112,12 +145,37 @@ class HttpxTransport:
             return client
 
 
+class _Capped:
+    """An answer's (decoded) bytes, taken piece by piece: :class:`HttpError` as soon as they pass ``limit``."""
+
+    def __init__(self, limit: int, url: str) -> None:
+        self.limit, self.url, self.size = limit, url, 0
+        self.parts: list[bytes] = []
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            raise HttpError(f"answer from {_path(self.url)} is larger than {self.limit} bytes; not read further")
+        self.parts.append(chunk)
+
+    def bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _whole(answer: Any, content: bytes) -> Any:
+    """A response already read (``content`` decoded), for the parsers."""
+    import httpx
+
+    headers = [(k, v) for k, v in answer.headers.items() if k.lower() not in ("content-encoding", "content-length")]
+    return httpx.Response(answer.status_code, headers=headers, content=content)
+
+
 def _parsed(response: Any, url: str) -> Any:
     if response.status_code >= 400:
         raise HttpError(f"{response.status_code} from {_path(url)}", status_code=response.status_code)
     try:
         return response.json()
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise HttpError(f"non-JSON answer from {_path(url)}", status_code=response.status_code) from exc
 
 

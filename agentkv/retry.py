@@ -1,20 +1,117 @@
-"""Transient-error retries (429, 5xx, timeouts, connection errors) with tenacity.
+"""Transient-error retries (429, 5xx, timeouts, connection errors) with tenacity, and what counts as an outage.
 
 Bounded attempts, exponential backoff with jitter, an injectable sleep. No other 4xx is retried, and
 a context overflow is never "transient": the Session's overflow path handles it.
+
+An outage (the backend could not be reached, or said it is unavailable) is decided from the error's
+cause, not from the class a client wrapped it in: litellm reports a refused connection to ``hosted_vllm``
+as ``InternalServerError`` (status 500), the OpenAI SDK as ``APIConnectionError``, httpx as ``ConnectError``;
+:func:`outage_cause` walks the chain (``__cause__`` and ``__context__``) to the socket error, its errno, or
+the httpx/httpcore/aiohttp/h11 class that says what happened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Literal, TypeVar
 
 from agentkv.errors import check_positive_int
 from agentkv.events import emit
 
+__all__ = ["CLIENT_RETRIES_OFF", "Outage", "RetryPolicy", "TurnTries", "is_outage", "is_transient", "outage_cause"]
+
 T = TypeVar("T")
+
+Outage = Literal["refused", "unreachable", "dropped", "incomplete", "unavailable", "timeout"]
+
+# What a completion client is told so that its own retries never multiply the policy's: litellm's
+# ``num_retries`` (its retry wrapper) and ``max_retries`` (the OpenAI SDK client litellm builds).
+CLIENT_RETRIES_OFF: dict[str, int] = {"num_retries": 0, "max_retries": 0}
+
+_ERRNOS: dict[int, Outage] = {
+    errno.ECONNREFUSED: "refused",
+    errno.ECONNRESET: "dropped", errno.ECONNABORTED: "dropped", errno.EPIPE: "dropped", errno.ESHUTDOWN: "dropped",
+    errno.EHOSTUNREACH: "unreachable", errno.ENETUNREACH: "unreachable", errno.EHOSTDOWN: "unreachable",
+    errno.ENETDOWN: "unreachable", errno.ETIMEDOUT: "unreachable",
+}
+
+# The classes (by name, anywhere in a link's MRO, nearest first) of the libraries under the clients that say
+# how a connection failed: httpx/httpcore/h11 (sync litellm, the OpenAI SDK, raw httpx), aiohttp (async litellm),
+# urllib3/requests and http.client. Wrapper classes (``InternalServerError``, ``APIConnectionError``) are not here.
+_CAUSE_NAMES: dict[str, Outage] = {
+    "ConnectError": "unreachable", "ConnectTimeout": "unreachable", "ClientConnectorError": "unreachable",
+    "NewConnectionError": "unreachable", "ConnectionTimeoutError": "unreachable", "NameResolutionError": "unreachable",
+    "RemoteProtocolError": "dropped", "ReadError": "dropped", "WriteError": "dropped",
+    "ServerDisconnectedError": "dropped", "ClientConnectionResetError": "dropped",
+    "ClientPayloadError": "incomplete", "IncompleteRead": "incomplete", "ContentLengthError": "incomplete",
+    "TransferEncodingError": "incomplete", "ChunkedEncodingError": "incomplete",
+    "ReadTimeout": "timeout", "WriteTimeout": "timeout", "SocketTimeoutError": "timeout",
+    "ServerTimeoutError": "timeout", "TimeoutError": "timeout",
+}
+_STATUS_OUTAGES = (502, 503, 504)
+_CHAIN_LIMIT = 32
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and every exception behind it (``__cause__`` and ``__context__``), outermost first."""
+    seen: list[BaseException] = []
+    todo = [error]
+    while todo and len(seen) < _CHAIN_LIMIT:
+        link = todo.pop(0)
+        if any(link is s for s in seen):
+            continue
+        seen.append(link)
+        todo += [e for e in (link.__cause__, link.__context__) if e is not None]
+    return seen
+
+
+def _link_cause(link: BaseException) -> Outage | None:
+    if isinstance(link, ConnectionRefusedError):
+        return "refused"
+    if isinstance(link, socket.gaierror):
+        return "unreachable"
+    if isinstance(link, OSError) and not isinstance(link, TimeoutError) and link.errno in _ERRNOS:
+        return _ERRNOS[link.errno]
+    if isinstance(link, ConnectionError):
+        return "dropped"
+    for cls in type(link).__mro__:
+        if cls.__name__ in _CAUSE_NAMES:
+            return _CAUSE_NAMES[cls.__name__]
+    return None
+
+
+def outage_cause(error: BaseException) -> Outage | None:
+    """How ``error`` shows its backend unreachable, or None when it does not.
+
+    "refused", "unreachable" (DNS, no route, connect timeout), "dropped" (reset, closed without an answer),
+    "incomplete" (closed mid-answer): the innermost such cause in the chain; else "unavailable" for a 502, 503
+    or 504 status on any link; else "timeout" for a read or write timeout. An error that delivered part of
+    an answer (``partial_answer = True``, a stream broken after its first bytes) is never an outage.
+    """
+    links = _chain(error)
+    if any(getattr(link, "partial_answer", False) is True for link in links):
+        return None
+    causes = [c for c in map(_link_cause, links) if c is not None]
+    connection = [c for c in causes if c != "timeout"]
+    if connection:
+        return connection[-1]
+    if any(getattr(link, "status_code", None) in _STATUS_OUTAGES for link in links):
+        return "unavailable"
+    return "timeout" if causes else None
+
+
+def is_outage(error: BaseException, *, timeouts: bool = False) -> bool:
+    """True when the backend could not be reached or said it is unavailable (see :func:`outage_cause`): the
+    request itself was not at fault, so another backend may take it. A read timeout counts only with
+    ``timeouts=True`` (a slow answer is not a dead server unless the policy says so)."""
+    cause = outage_cause(error)
+    return cause is not None and (timeouts or cause != "timeout")
+
 
 _TRANSIENT_NAMES = {
     "RateLimitError", "InternalServerError", "ServiceUnavailableError", "APIConnectionError",
@@ -28,25 +125,50 @@ def is_transient(error: BaseException) -> bool:
     code = getattr(error, "status_code", None)
     if isinstance(code, int):
         return code in (408, 429) or code >= 500
+    if getattr(error, "partial_answer", False) is True:
+        return False
     names = {cls.__name__ for cls in type(error).__mro__}
-    return bool(names & _TRANSIENT_NAMES) or isinstance(error, (TimeoutError, ConnectionError))
+    return bool(names & _TRANSIENT_NAMES) or isinstance(error, (TimeoutError, ConnectionError)) \
+        or outage_cause(error) is not None
 
 
-_OUTAGE_NAMES = {"APIConnectionError", "ConnectError", "ConnectTimeout", "ServiceUnavailableError", "BadGatewayError"}
+@dataclass
+class TurnTries:
+    """What one turn (one caller request, through every retry, clamp, escalation and failover) has sent so far.
 
+    ``sent``: tries per role ("fast", "slow"); ``down``: roles found down this turn; ``refused``: roles that
+    refused this request as too long. The reactive path closes a backend for the rest of the turn once it
+    is down, refused it, or has had :attr:`RetryPolicy.attempts` tries, so a turn sends at most that many
+    tries to each backend (plus one warm), and never the same payload to a backend found down.
+    """
 
-def is_outage(error: BaseException) -> bool:
-    """True when the backend could not be reached or said it is unavailable (connection errors, 502, 503,
-    504): the request itself was not at fault, so another backend may take it."""
-    names = {cls.__name__ for cls in type(error).__mro__}
-    if names & _OUTAGE_NAMES or isinstance(error, ConnectionError):
-        return True
-    return getattr(error, "status_code", None) in (502, 503, 504)
+    sent: Counter[str] = field(default_factory=Counter)
+    down: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+    streamed: bool = False
+
+    def left(self, role: str, attempts: int) -> int:
+        """Tries ``role`` may still have this turn."""
+        return max(0, attempts - self.sent[role])
+
+    def closed(self, role: str, attempts: int, *, refusal_closes: bool = True) -> str:
+        """Why ``role`` takes no more of this turn ("" when it may). ``refusal_closes=False``: a refusal as too long
+        does not close it (a recovery's clamp retries the backend that refused, with less output)."""
+        if role in self.down:
+            return "is down this turn"
+        if refusal_closes and role in self.refused:
+            return "refused this request as too long"
+        if not self.left(role, attempts):
+            return f"has had its {attempts} tries this turn"
+        return ""
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How transient errors are retried.
+    """How transient errors are retried, and which errors fail over.
+
+    ``timeout_fails_over``: a read timeout on a non-streamed request counts as an outage (the turn fails over
+    to the other backend after the retries); off by default, since a long answer is not a dead server.
 
         RetryPolicy(attempts=3, initial_s=0.5, max_s=8.0)   # sleep= and asleep= are injectable
     """
@@ -55,37 +177,43 @@ class RetryPolicy:
     initial_s: float = 0.5
     max_s: float = 8.0
     jitter_s: float = 0.5
+    timeout_fails_over: bool = False
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     asleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def __post_init__(self) -> None:
         check_positive_int("RetryPolicy", "attempts", self.attempts)
 
-    def _kwargs(self) -> dict[str, Any]:
+    def fails_over(self, error: BaseException, *, streamed: bool = False) -> bool:
+        """True when ``error`` is an outage under this policy (see :func:`is_outage`)."""
+        return is_outage(error, timeouts=self.timeout_fails_over and not streamed)
+
+    def _kwargs(self, attempts: int | None) -> dict[str, Any]:
         from tenacity import retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
         return dict(
-            stop=stop_after_attempt(self.attempts),
+            stop=stop_after_attempt(max(1, min(self.attempts, attempts or self.attempts))),
             wait=wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s),
             retry=retry_if_exception(is_transient),
             reraise=True,
             before_sleep=_log_retry,
         )
 
-    def call(self, fn: Callable[[], T]) -> T:
-        """Call ``fn``, retrying transient errors."""
+    def call(self, fn: Callable[[], T], *, attempts: int | None = None) -> T:
+        """Call ``fn``, retrying transient errors (at most ``attempts`` tries when given, never more than
+        :attr:`attempts`)."""
         from tenacity import Retrying
 
-        return Retrying(sleep=self.sleep, **self._kwargs())(fn)
+        return Retrying(sleep=self.sleep, **self._kwargs(attempts))(fn)
 
-    async def acall(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """Await ``fn()``, retrying transient errors."""
+    async def acall(self, fn: Callable[[], Awaitable[T]], *, attempts: int | None = None) -> T:
+        """Await ``fn()``, retrying transient errors (``attempts`` as in :meth:`call`)."""
         from tenacity import AsyncRetrying
 
         async def attempt() -> T:  # tenacity awaits only coroutine functions
             return await fn()
 
-        return await AsyncRetrying(sleep=self.asleep, **self._kwargs())(attempt)
+        return await AsyncRetrying(sleep=self.asleep, **self._kwargs(attempts))(attempt)
 
 
 def _log_retry(state: Any) -> None:

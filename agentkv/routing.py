@@ -227,7 +227,7 @@ def failover(decision: RouteDecision, *, fast: Target, slow: Target, policy: Rou
              safe_tokens: int, max_tokens: int | None) -> RouteDecision | None:
     """Where a request goes when its backend is down (unreachable, 502/503/504 after retries), or None.
 
-    Fast down: slow, when it is usable and holds the request. Slow down: fast, when the (safe) input
+    Fast down: slow, when it is usable and holds the request. Slow down: fast, when it is usable and the (safe) input
     leaves room for the caller's budget, or ``min_output`` of it (the budget is clamped to the room):
     the output floor's margin is waived, since the alternative is losing the turn. The decision's
     reason is ``"failover"``.
@@ -240,7 +240,7 @@ def failover(decision: RouteDecision, *, fast: Target, slow: Target, policy: Rou
                             policy=policy, reason="failover", count_source=decision.count_source)
         except ContextOverflowError:
             return None
-    if fast.window is None:
+    if not fast.usable or fast.window is None:
         return None
     room = fast.window - safe_tokens
     if room < (policy.min_output if max_tokens is None else min(policy.min_output, max_tokens)):

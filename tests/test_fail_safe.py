@@ -5,8 +5,13 @@ import threading
 
 import pytest
 
-from agentkv import Backend, ConfigurationError, ContextOverflowError, Session, WindowDiscovery
+from raw_server import RawServer, closed_port
+
+from agentkv import (
+    Backend, ConfigurationError, ContextOverflowError, RetryPolicy, Session, WarmAheadPolicy, WindowDiscovery,
+)
 from agentkv._http import HttpError
+from agentkv.retry import is_outage, outage_cause
 from agentkv.testing import FakeClock, FakeHttp, capture_events, models_answer
 from agentkv.warm import CooldownMap, InFlightLimit
 
@@ -321,3 +326,396 @@ def test_a_response_without_prompt_token_details_is_unknown_not_zero():
     s.completion(messages=HI, max_tokens=8)
     assert s.ledger[-1].cached_tokens is None
     assert s.stats()["cached_tokens_unknown"] == 1 and s.stats()["cached_tokens_total"] == 0
+
+
+# ----------------------------------------------------------------------------- issue 21: outages under any name
+# Each fault is made on a real socket (tests/raw_server.py) and reached through the client that names it.
+
+
+FAULTS = {"refused": {"refused"}, "close": {"dropped"}, "reset": {"dropped"}, "partial": {"dropped", "incomplete"}}
+CHAT = {"model": "m", "messages": HI, "max_tokens": 4}
+
+
+def _fault_url(fault):
+    if fault == "refused":
+        return f"http://127.0.0.1:{closed_port()}", None
+    server = RawServer(fault)
+    return server.url, server
+
+
+def _raise_through(client, base):
+    """Send one chat completion to ``base`` through ``client`` and return what it raised."""
+    import httpx
+    import litellm
+    import openai
+
+    async def run_async():
+        if client == "litellm-async":
+            await litellm.acompletion(model="hosted_vllm/m", api_base=base + "/v1", messages=HI, max_tokens=4,
+                                      num_retries=0, max_retries=0)
+        elif client == "openai-async":
+            await openai.AsyncOpenAI(base_url=base + "/v1", api_key="-", max_retries=0).chat.completions.create(**CHAT)
+        else:
+            async with httpx.AsyncClient() as http:
+                (await http.post(base + "/v1/chat/completions", json=CHAT)).raise_for_status()
+
+    try:
+        if client == "litellm":
+            litellm.completion(model="hosted_vllm/m", api_base=base + "/v1", messages=HI, max_tokens=4,
+                               num_retries=0, max_retries=0)
+        elif client == "openai":
+            openai.OpenAI(base_url=base + "/v1", api_key="-", max_retries=0).chat.completions.create(**CHAT)
+        elif client == "httpx":
+            httpx.post(base + "/v1/chat/completions", json=CHAT).raise_for_status()
+        else:
+            asyncio.run(run_async())
+    except Exception as error:  # noqa: BLE001 - the error is what the test inspects
+        return error
+    pytest.fail(f"{client} got an answer from a {base} that should have failed")
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("client", ["litellm", "litellm-async", "openai", "openai-async", "httpx", "httpx-async"])
+def test_an_unreachable_backend_is_an_outage_whatever_the_client_calls_it(client, fault):
+    """Refused, dropped, reset and half-answered connections are outages through litellm (InternalServerError 500),
+    the OpenAI SDK (APIConnectionError) and raw httpx alike, decided from the cause under the wrapper."""
+    base, server = _fault_url(fault)
+    try:
+        error = _raise_through(client, base)
+    finally:
+        if server is not None:
+            server.close()
+    assert is_outage(error), f"{type(error).__name__}: {error}"
+    assert outage_cause(error) in FAULTS[fault]
+
+
+def test_a_wrapper_name_alone_is_not_an_outage_and_a_broken_stream_never_is():
+    """A 500 with no connection cause under it is not an outage; an error that delivered part of an answer never is,
+    even with a dropped connection under it."""
+
+    class InternalServerError(Exception):
+        status_code = 500
+
+    class Broken(Exception):
+        partial_answer = True
+
+    assert not is_outage(InternalServerError("boom"))
+    try:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except OSError as cause:
+            raise Broken("stream broke") from cause
+    except Broken as error:
+        assert not is_outage(error) and outage_cause(error.__cause__) == "dropped"
+
+
+def _no_sleep_policy(**kwargs):
+    async def no_asleep(seconds):
+        return None
+
+    return RetryPolicy(sleep=lambda seconds: None, asleep=no_asleep, **kwargs)
+
+
+def _real_session(fast_base, slow_base, *, fast_model="hosted_vllm/fast-m", **kwargs):
+    fast = Backend(fast_model, api_base=fast_base + "/v1", name="fast", window=2048,
+                   api_key="k" if fast_model.startswith("openai/") else None)
+    slow = Backend("hosted_vllm/slow-m", api_base=slow_base + "/v1", name="slow", window=16384) if slow_base else None
+    http = FakeHttp(lambda m, u, b: models_answer("fast-m" if u.startswith(fast_base) else "slow-m",
+                                                  2048 if u.startswith(fast_base) else 16384))
+    kwargs.setdefault("retry", _no_sleep_policy())
+    return Session(fast, slow, discovery=WindowDiscovery(http=http), http=http, count_with_server=False, **kwargs)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_fast_backend_that_is_down_fails_over_to_slow_through_litellm(fault, asynchronous):
+    """Through litellm's hosted_vllm provider, a fast backend refusing, dropping or half-answering the connection hands
+    the turn to slow after its tries, and slow answers it."""
+    base, server = _fault_url(fault)
+    with RawServer("answer") as slow:
+        s = _real_session(base, slow.url)
+        try:
+            if asynchronous:
+                response = asyncio.run(s.acompletion(messages=HI, max_tokens=4))
+            else:
+                response = s.completion(messages=HI, max_tokens=4)
+        finally:
+            if server is not None:
+                server.close()
+    assert response.choices[0].message.content == "ok"
+    assert s.last_route.role == "slow" and s.last_route.reason == "failover" and s.stats()["failovers"] == 1
+    assert slow.chats == 1 and (server is None or server.chats == 3)
+
+
+def test_a_read_timeout_fails_over_only_where_the_policy_says_so():
+    """A backend that never answers: its read timeout fails over with RetryPolicy(timeout_fails_over=True) on a
+    non-streamed request, and reaches the caller by default or on a streamed request."""
+    import litellm
+
+    with RawServer("silent") as fast, RawServer("answer") as slow:
+        opted = _real_session(fast.url, slow.url, request_timeout_s=0.3,
+                              retry=_no_sleep_policy(attempts=1, timeout_fails_over=True))
+        assert opted.completion(messages=HI, max_tokens=4).choices[0].message.content == "ok"
+        assert opted.last_route.reason == "failover" and slow.chats == 1
+        default = _real_session(fast.url, slow.url, request_timeout_s=0.3, retry=_no_sleep_policy(attempts=1))
+        with pytest.raises(litellm.Timeout):
+            default.completion(messages=HI, max_tokens=4)
+        with pytest.raises(litellm.Timeout):
+            opted.completion(messages=HI, max_tokens=4, stream=True)
+        assert slow.chats == 1 and fast.chats == 3
+
+
+# ----------------------------------------------------------------------------- issue 21: tries per backend per turn
+
+class Scripted(Answers):
+    """A completion client whose backends each raise a fixed error (or answer), counting what each was sent."""
+
+    def sent_to(self, base):
+        return sum(1 for kwargs in self.sent if kwargs.get("api_base") == base)
+
+
+class Overflow400(Exception):
+    status_code = 400
+
+
+class Unavailable503(Exception):
+    status_code = 503
+
+
+TOO_LONG = ("This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 input "
+            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+            "prompt. (parameter=input_tokens, value=2049)")
+
+
+def _bounce_session(client, handler=None, **kwargs):
+    warms = []
+
+    def server(method, url, body):
+        if url.endswith("/chat/completions"):  # a raw warm to the slow server, which is down
+            warms.append(url)
+            return 503, {"error": {"message": "Service Unavailable", "code": 503}}
+        if url.endswith("/tokenize"):
+            return handler(body)
+        return models_answer("slow-m" if url.startswith(SLOW) else "fast-m", None)
+
+    http = FakeHttp(server)
+    fast = Backend("hosted_vllm/fast-m", api_base=FAST, name="fast", window=8192)  # the real window is 2048
+    slow = Backend("hosted_vllm/slow-m", api_base=SLOW, name="slow", window=32768)
+    s = Session(fast, slow, discovery=WindowDiscovery(http=http), http=http, client=client, retry=_no_sleep_policy(),
+                cooldowns=CooldownMap(), in_flight=InFlightLimit(4), count_with_server=handler is not None, **kwargs)
+    return s, warms
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_turn_refused_as_too_long_never_fails_over_back_to_the_backend_that_refused_it(asynchronous):
+    """Fast under-counts and refuses the turn as too long, the escalation finds slow down: the turn is not failed over
+    back to fast for a second refusal and a second escalation; slow gets its 3 tries plus the warm, no more."""
+    client = Scripted(down={FAST: Overflow400(TOO_LONG), SLOW: Unavailable503("Service Unavailable")})
+    s, warms = _bounce_session(client)
+    messages = [{"role": "user", "content": "word " * 5000}]  # ~61% of the declared 8192: a warm fires
+
+    async def turn():
+        try:
+            await s.acompletion(messages=messages, max_tokens=8)
+        finally:
+            await s.adrain_warms(10)
+
+    with pytest.raises(Unavailable503):
+        if asynchronous:
+            asyncio.run(turn())
+        else:
+            s.completion(messages=messages, max_tokens=8)
+    assert s.drain_warms(10)
+    assert client.sent_to(SLOW) + len(warms) == 4 and client.sent_to(SLOW) == 3 and client.sent_to(FAST) == 1
+    assert s.stats()["failovers"] == 0
+
+
+def test_a_failover_that_is_refused_as_too_long_never_escalates_back_to_the_backend_that_was_down():
+    """Slow is down, the turn fails over to fast, fast refuses it as too long: the turn ends with a
+    ContextOverflowError naming slow as down, and slow is not sent the payload again."""
+    client = Scripted(down={FAST: Overflow400(TOO_LONG), SLOW: Unavailable503("Service Unavailable")})
+    exact = {"count": 8000, "max_model_len": 8192, "tokens": list(range(8000))}
+    s, _ = _bounce_session(client, handler=lambda body: exact, count_exactly=True, warm_ahead=WarmAheadPolicy(
+        enabled=False))
+    with pytest.raises(ContextOverflowError, match="'slow' is down this turn"):
+        s.completion(messages=[{"role": "user", "content": "a long tool result"}], max_tokens=8)
+    assert client.sent_to(SLOW) == 3 and client.sent_to(FAST) == 1 and s.stats()["failovers"] == 1
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("case", ["openai-provider", "num_retries-kwarg"])
+def test_litellms_own_retries_never_multiply_the_policys(case, asynchronous):
+    """Through litellm, a failing backend gets RetryPolicy.attempts requests for a turn: litellm's num_retries (a
+    caller's kwarg) and the OpenAI SDK client it builds for openai/ models (max_retries 2) are turned off."""
+    extra = {"num_retries": 2} if case == "num_retries-kwarg" else {}
+    model = "openai/fast-m" if case == "openai-provider" else "hosted_vllm/fast-m"
+    with RawServer("503") as fast:
+        s = _real_session(fast.url, None, fast_model=model)
+        with pytest.raises(Exception) as caught:
+            if asynchronous:
+                asyncio.run(s.acompletion(messages=HI, max_tokens=4, **extra))
+            else:
+                s.completion(messages=HI, max_tokens=4, **extra)
+    assert getattr(caught.value, "status_code", None) == 503 and fast.chats == 3
+
+
+def test_a_users_client_is_told_not_to_retry():
+    """A user's completion client that retries unless told max_retries=0 (as litellm's OpenAI clients do) sends the
+    policy's 3 tries, not 3 times its own."""
+
+    class RetryingClient:
+        def __init__(self):
+            self.requests = 0
+
+        def completion(self, **kwargs):
+            for _ in range(1 + kwargs.get("max_retries", 2)):
+                self.requests += 1
+            raise Unavailable503("Service Unavailable")
+
+    client = RetryingClient()
+    s = Session(Backend("hosted_vllm/fast-m", api_base=FAST, name="fast", window=2048), client=client,
+                retry=_no_sleep_policy(), discovery=WindowDiscovery(http=discovered()), http=discovered(),
+                count_with_server=False)
+    with pytest.raises(Unavailable503):
+        s.completion(messages=HI, max_tokens=4)
+    assert client.requests == 3
+
+
+# ----------------------------------------------------------------------------- issue 21: the OpenAI SDK's transport
+
+def _sdk(s, fast, *, asynchronous, max_retries=5):
+    """An OpenAI SDK client over agentkv's transport, with more retries of its own than the policy allows."""
+    import httpx
+    import openai
+
+    from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport
+
+    if asynchronous:
+        return openai.AsyncOpenAI(base_url=fast + "/v1", api_key="-", max_retries=max_retries,
+                                  http_client=httpx.AsyncClient(transport=AsyncAgentKVTransport(s)))
+    return openai.OpenAI(base_url=fast + "/v1", api_key="-", max_retries=max_retries,
+                         http_client=httpx.Client(transport=AgentKVTransport(s)))
+
+
+def _create(client, asynchronous, **extra):
+    """One chat completion (a stream's chunks collected), the async client run on a loop of its own."""
+    async def run():
+        answer = await client.chat.completions.create(model="fast-m", messages=HI, max_tokens=4, **extra)
+        return [chunk async for chunk in answer] if extra.get("stream") else answer
+
+    if asynchronous:
+        return asyncio.run(run())
+    answer = client.chat.completions.create(model="fast-m", messages=HI, max_tokens=4, **extra)
+    return list(answer) if extra.get("stream") else answer
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_the_openai_sdk_under_the_transport_fails_over_a_fast_backend_that_is_down(fault, asynchronous):
+    """Under AgentKVTransport, a fast backend refusing, dropping or half-answering the connection hands the turn to
+    slow after the policy's 3 tries, however many retries the SDK has of its own."""
+    base, server = _fault_url(fault)
+    with RawServer("answer") as slow:
+        s = _real_session(base, slow.url)
+        try:
+            answer = _create(_sdk(s, base, asynchronous=asynchronous), asynchronous)
+        finally:
+            if server is not None:
+                server.close()
+    assert answer.choices[0].message.content == "ok" and s.last_route.reason == "failover"
+    assert slow.chats == 1 and (server is None or server.chats == 3)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_sdks_own_retries_never_multiply_the_transports(asynchronous):
+    """Both backends answer 503: each gets the policy's 3 tries and the SDK (max_retries=5) none of its own; both
+    unreachable: the same, and the caller gets the SDK's own APIConnectionError."""
+    import openai
+
+    with RawServer("503") as fast, RawServer("503") as slow:
+        s = _real_session(fast.url, slow.url)
+        with pytest.raises(openai.InternalServerError):
+            _create(_sdk(s, fast.url, asynchronous=asynchronous), asynchronous)
+    assert (fast.chats, slow.chats) == (3, 3)
+    refused = f"http://127.0.0.1:{closed_port()}"
+    with RawServer("close") as slow:
+        s = _real_session(refused, slow.url)
+        with pytest.raises(openai.APIConnectionError):
+            _create(_sdk(s, refused, asynchronous=asynchronous), asynchronous)
+    assert slow.chats == 3
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_stream_broken_after_its_first_bytes_is_not_resent(asynchronous):
+    """A stream that breaks after its first event raises StreamBrokenError to the caller, who holds a partial answer;
+    nothing is re-sent, to fast or to slow."""
+    from agentkv.integrations.openai import StreamBrokenError
+
+    with RawServer("stream_cut") as fast, RawServer("answer") as slow:
+        s = _real_session(fast.url, slow.url)
+        with pytest.raises(StreamBrokenError, match="never re-sends a stream"):
+            _create(_sdk(s, fast.url, asynchronous=asynchronous), asynchronous, stream=True)
+    assert (fast.chats, slow.chats) == (1, 0)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_stream_that_breaks_before_its_first_bytes_fails_over(asynchronous):
+    """A stream whose connection closes before its first event has given the caller nothing: it is retried and failed
+    over like any outage, and slow's stream reaches the caller whole."""
+    with RawServer("stream_empty") as fast, RawServer("answer") as slow:
+        s = _real_session(fast.url, slow.url)
+        chunks = _create(_sdk(s, fast.url, asynchronous=asynchronous), asynchronous, stream=True,
+                         stream_options={"include_usage": True})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
+    assert (fast.chats, slow.chats) == (3, 1) and s.last_route.reason == "failover"
+    assert s.ledger[-1].cached_tokens == 0  # the usage chunk was read on the way
+
+
+def test_the_usage_watch_holds_a_bounded_line_in_linear_time():
+    """32 MiB of one SSE line without a newline is dropped as it grows (under 2 MiB held at the peak, not 32), and the
+    usage line after it is still read."""
+    import tracemalloc
+
+    from agentkv.integrations.openai import UsageWatch
+
+    watch, piece = UsageWatch(), b"x" * 65536
+    tracemalloc.start()
+    try:
+        for _ in range(512):
+            watch.feed(piece)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    watch.feed(b'\ndata: {"choices": [], "usage": {"prompt_tokens": 3}}\n')
+    assert peak < 2 * 2**20 and watch.usage_chunk["usage"] == {"prompt_tokens": 3}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_raw_httpx_client_over_the_transport_fails_over_too(fault, asynchronous):
+    """A plain httpx client over AgentKVTransport (no SDK): an unreachable fast is failed over to slow, whose answer
+    comes back as it came; with slow down too, httpx's own error reaches the caller, not an SDK's."""
+    import httpx
+
+    from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport
+
+    def post(s, base):
+        url = base + "/v1/chat/completions"
+        if asynchronous:
+            async def run():
+                async with httpx.AsyncClient(transport=AsyncAgentKVTransport(s)) as client:
+                    return await client.post(url, json=CHAT)
+            return asyncio.run(run())
+        with httpx.Client(transport=AgentKVTransport(s)) as client:
+            return client.post(url, json=CHAT)
+
+    base, server = _fault_url(fault)
+    try:
+        with RawServer("answer") as slow:
+            answer = post(_real_session(base, slow.url), base)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "ok"
+        with RawServer("reset") as slow, pytest.raises(httpx.TransportError):
+            post(_real_session(base, slow.url), base)
+    finally:
+        if server is not None:
+            server.close()

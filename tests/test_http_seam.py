@@ -3,8 +3,10 @@
 import asyncio
 
 import pytest
+from raw_server import RawServer, json_answer
 
 from agentkv import Backend, Session, WarmAheadPolicy, WindowDiscovery
+from agentkv._http import HttpError
 from agentkv.testing import FakeHttp, models_answer
 from agentkv.tokens.encodings import encode, get_encoding
 from agentkv.tokens.templates import render_chat
@@ -109,3 +111,73 @@ async def test_the_spy_sees_a_sync_call_made_on_the_loop():
     http = FakeHttp(vllm_like)
     http.get_json(FAST + "/models", timeout_s=1.0)
     assert len(http.blocking_calls) == 1
+
+
+# ----------------------------------------------------------------------------- issue 21: bounds on what servers send
+
+MODELS = json_answer(200, models_answer("fast-m", 2048))
+HEAD, BODY = MODELS[:MODELS.index(b"\r\n\r\n") + 4], MODELS[MODELS.index(b"\r\n\r\n") + 4:]
+
+
+def _call(transport, url, asynchronous):
+    if asynchronous:
+        return asyncio.run(transport.aget_json(url, timeout_s=0.5))
+    return transport.get_json(url, timeout_s=0.5)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("drip", ["headers", "body"])
+def test_timeout_s_is_a_deadline_for_the_whole_call(drip, asynchronous):
+    """A server trickling its answer a byte every 50 ms (about 12 s for all of it) is cut off at timeout_s=0.5,
+    whether it trickles the headers or the body: timed_out, long before its last byte."""
+    from agentkv._http import HttpxTransport
+
+    head, payload = (b"", MODELS) if drip == "headers" else (HEAD, BODY)
+    with RawServer("drip", head=head, payload=payload, every=0.05) as server:
+        with pytest.raises(HttpError) as caught:
+            _call(HttpxTransport(), server.url + "/v1/models", asynchronous)
+        assert caught.value.timed_out and server.sent < len(payload)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_an_answer_past_the_size_cap_is_refused_as_it_streams_in(asynchronous):
+    """A 64 MiB answer to a transport capped at 1 MiB is refused once the cap is passed, not read whole first; the
+    default transport refuses one past 16 MiB."""
+    from agentkv._http import DEFAULT_MAX_ANSWER_BYTES, HttpxTransport
+
+    with RawServer("big", size=64 * 2**20) as server:
+        with pytest.raises(HttpError, match="larger than 1048576 bytes"):
+            _call(HttpxTransport(max_answer_bytes=2**20), server.url + "/v1/models", asynchronous)
+        assert server.sent < 64 * 2**20
+    assert DEFAULT_MAX_ANSWER_BYTES == 16 * 2**20
+    with RawServer("big", size=DEFAULT_MAX_ANSWER_BYTES + 1) as server:
+        with pytest.raises(HttpError, match="larger than"):
+            _call(HttpxTransport(), server.url + "/v1/models", asynchronous)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_deeply_nested_answer_is_an_http_error(asynchronous):
+    """JSON nested 100,000 deep (RecursionError in the parser) is an HttpError like any answer that is not JSON."""
+    from agentkv._http import HttpxTransport
+
+    nested = b"[" * 100_000 + b"]" * 100_000
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(nested) + nested
+    with RawServer("raw", payload=answer) as server:
+        with pytest.raises(HttpError, match="non-JSON"):
+            _call(HttpxTransport(), server.url + "/v1/models", asynchronous)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_whole_answer_within_the_bounds_still_parses(asynchronous):
+    """The bounded read changes nothing for an ordinary answer: /v1/models parses, twice over the pooled client."""
+    from agentkv._http import HttpxTransport
+
+    transport = HttpxTransport()
+    with RawServer("raw", payload=MODELS) as server:
+        if asynchronous:
+            async def twice():
+                return [await transport.aget_json(server.url + "/v1/models", timeout_s=2.0) for _ in range(2)]
+            answers = asyncio.run(twice())
+        else:
+            answers = [transport.get_json(server.url + "/v1/models", timeout_s=2.0) for _ in range(2)]
+    assert answers == [models_answer("fast-m", 2048)] * 2

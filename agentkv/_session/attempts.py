@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from agentkv.backends import Backend, redact_secrets
+from agentkv.retry import CLIENT_RETRIES_OFF, TurnTries
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_body_salt, with_cache_salt
 from agentkv.tokens import Payload, TokenCount
@@ -44,6 +45,7 @@ class Attempt:
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
     sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
     keeps_caller_salt: bool = False  # the caller's own cache_salt may go out (tenancy.keeps_caller_salt)
+    turn: TurnTries = field(default_factory=TurnTries)  # shared by every try of one turn (``replace`` keeps it)
 
     def __repr__(self) -> str:
         """The fields but the salt, with credentials in the caller's kwargs redacted (``api_key``, headers, URLs)."""
@@ -117,7 +119,7 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
     """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt."""
     shaped = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
     call = request_kwargs(slow, shaped, salt, max_tokens=1, keep_caller_salt=keep_caller_salt)
-    call["timeout"] = timeout_s
+    call.update(timeout=timeout_s, **CLIENT_RETRIES_OFF)  # one warm is one request, whatever the client retries
     return call
 
 

@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from agentkv._session.attempts import Attempt
 from agentkv._session.core import DEFAULT_REQUEST_TIMEOUT_S
 from agentkv._session.external import SendsOutside
 from agentkv._session.escalation import prefix_report
 from agentkv.overflow import overflow_from_error
 from agentkv.prefix import PrefixReport
+from agentkv.retry import CLIENT_RETRIES_OFF
 from agentkv.stats import LedgerEntry
 
 if TYPE_CHECKING:
     pass
+
+T = TypeVar("T")
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "Session"]
 
@@ -35,7 +39,9 @@ class Session(SendsOutside):
 
     ``fast`` answers while the conversation fits its window; ``slow`` takes what it cannot hold.
     ``client`` is anything with litellm's ``completion``/``acompletion`` (litellm itself by default,
-    imported on first use and never on an event loop);
+    imported on first use and never on an event loop), called with its own retries off (``num_retries=0``,
+    ``max_retries=0``): ``retry`` (a :class:`~agentkv.RetryPolicy`) is the one bound, at most ``attempts`` tries
+    per backend in a turn, whatever recovers or fails over in between;
     ``discovery``, ``cooldowns`` and ``in_flight`` default to process-wide shared instances; ``state``
     (a :class:`~agentkv.state.StateStore`, e.g. ``RedisStore.from_url(url)``; ``AGENTKV_REDIS_URL``
     when not given) shares the warm-ahead guards and discovered windows across replicas; ``http``
@@ -86,13 +92,14 @@ class Session(SendsOutside):
         payload = self._open_request(kwargs)
         facts = self._facts()
         attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
+        attempt.turn.streamed = bool(kwargs.get("stream"))
         self._maybe_warm(attempt, facts, asynchronous=False)
         while True:
             if self._needs_handoff(attempt):
                 self._handoff(attempt)
-            call = attempt.call_kwargs
+            send = functools.partial(self.client.completion, **self._client_call(attempt))
             try:
-                response = self.retry.call(functools.partial(self.client.completion, **call))
+                response = self.retry.call(self._tried(attempt, send), attempts=self._tries_left(attempt))
             except Exception as error:
                 overflow = overflow_from_error(error)
                 if overflow is None:
@@ -108,13 +115,14 @@ class Session(SendsOutside):
         payload = self._open_request(kwargs)
         facts = await self._afacts()
         attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
+        attempt.turn.streamed = bool(kwargs.get("stream"))
         await self._amaybe_warm(attempt, facts)
         while True:
             if self._needs_handoff(attempt):
                 await asyncio.to_thread(self._handoff, attempt)  # torch work, off the event loop
-            call = attempt.call_kwargs
+            send = functools.partial(self.client.acompletion, **self._client_call(attempt))
             try:
-                response = await self.retry.acall(functools.partial(self.client.acompletion, **call))
+                response = await self.retry.acall(self._tried(attempt, send), attempts=self._tries_left(attempt))
             except Exception as error:
                 overflow = overflow_from_error(error)
                 if overflow is None:
@@ -123,6 +131,22 @@ class Session(SendsOutside):
                 attempt = self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
                 continue
             return self._finish(attempt, response, asynchronous=True)
+
+    @staticmethod
+    def _client_call(attempt: Attempt) -> dict[str, Any]:
+        """This try's kwargs with the client's own retries off: the Session's :class:`RetryPolicy` is the one bound."""
+        return {**attempt.call_kwargs, **CLIENT_RETRIES_OFF}
+
+    def _tries_left(self, attempt: Attempt) -> int:
+        return attempt.turn.left(attempt.decision.role, self.retry.attempts)
+
+    @staticmethod
+    def _tried(attempt: Attempt, send: Callable[[], T]) -> Callable[[], T]:
+        """``send``, counting each call as a try of this turn on the attempt's backend."""
+        def counted() -> T:
+            attempt.turn.sent[attempt.decision.role] += 1
+            return send()
+        return counted
 
     def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
         """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""

@@ -14,8 +14,8 @@ from agentkv._session.inputs import Facts, max_tokens_of
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import Overflow
-from agentkv.retry import is_outage
-from agentkv.routing import after_recovery, failover, plan_recovery
+from agentkv.retry import outage_cause
+from agentkv.routing import Target, after_recovery, failover, plan_recovery
 from agentkv.tokens import TokenCount
 
 __all__ = ["ReactivePath"]
@@ -28,14 +28,17 @@ class ReactivePath(SessionCore):
                  facts: Facts) -> Attempt:
         """``count``: the failed backend's own count of the request (exact where it can be)."""
         self._stats.add("overflow_errors")
-        failed = facts.fast if attempt.decision.role == "fast" else facts.slow
+        role = attempt.decision.role
+        failed = facts.fast if role == "fast" else facts.slow
         if overflow.max_context:
             self.discovery.correct(attempt.backend, overflow.max_context)
+        attempt.turn.refused.add(role)  # a clamp may retry it with less output; a failover never returns to it
+        facts = self._for_turn(facts, attempt, exclude_refused=False)
         plan = plan_recovery(
-            overflow, role=attempt.decision.role, exact_prompt_tokens=count.total if count.exact else None,
+            overflow, role=role, exact_prompt_tokens=count.total if count.exact else None,
             requested_max_tokens=attempt.decision.max_tokens, known_window=failed.window, safe_prompt_tokens=count.safe,
-            already_clamped=attempt.reactive_clamped,
-            slow_usable=facts.slow.usable and attempt.decision.role == "fast", policy=self.routing,
+            already_clamped=attempt.reactive_clamped or not attempt.turn.left(role, self.retry.attempts),
+            slow_usable=facts.slow.usable and role == "fast", policy=self.routing,
         )
         emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
              backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
@@ -44,8 +47,10 @@ class ReactivePath(SessionCore):
             if self.slow is not None:
                 windows[facts.slow.name] = facts.slow.window
             windows[failed.name] = overflow.max_context or failed.window
+            closed = attempt.turn.closed("slow", self.retry.attempts) if role == "fast" and self.slow else ""
+            why = f"{facts.slow.name!r} {closed}" if closed else plan.why
             raise ContextOverflowError(
-                f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {plan.why}",
+                f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {why}",
                 input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
                 max_tokens=attempt.decision.max_tokens,
             ) from error
@@ -61,17 +66,32 @@ class ReactivePath(SessionCore):
 
     def _fail_over(self, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
         """The next try when ``attempt``'s backend is down and the other one can take the request; any
-        other error (or a second outage) propagates untouched."""
-        if attempt.failed_over or self.slow is None or not is_outage(error):
+        other error propagates untouched, and so does an outage when the other backend is closed for this turn
+        (down, refused this request as too long, or out of tries: see :class:`~agentkv.retry.TurnTries`)."""
+        if self.slow is None or not self.retry.fails_over(error, streamed=attempt.turn.streamed):
             raise error
+        attempt.turn.down.add(attempt.decision.role)
+        facts = self._for_turn(facts, attempt, exclude_refused=True)
         decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=self.routing,
                             route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
                             max_tokens=max_tokens_of(attempt.kwargs))
         if decision is None:
             raise error
         self._stats.add("failovers")
-        emit("failover", level="warning", error=type(error).__name__, status_code=getattr(error, "status_code", None),
-             failed=attempt.backend.label, to=decision.backend, session=self.session_id, tenant=self.tenant)
+        emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
+             status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
+             session=self.session_id, tenant=self.tenant)
         self._log_route(decision, attempt.count)
         return replace(attempt, decision=decision, backend=self._backend(decision.role), failed_over=True,
                        reactive_clamped=False)
+
+    def _for_turn(self, facts: Facts, attempt: Attempt, *, exclude_refused: bool) -> Facts:
+        """``facts`` with the backends this turn may no longer use marked unusable (the refusal rule applies to a
+        failover; a recovery's own clamp may retry the backend that refused, with less output)."""
+        turn, attempts = attempt.turn, self.retry.attempts
+
+        def target(t: Target, role: str) -> Target:
+            why = turn.closed(role, attempts, refusal_closes=exclude_refused)
+            return replace(t, usable=False, why_unusable=why) if why and t.usable else t
+
+        return replace(facts, fast=target(facts.fast, "fast"), slow=target(facts.slow, "slow"))

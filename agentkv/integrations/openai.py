@@ -16,37 +16,61 @@ the warm-ahead with the same body (one-token budget, no stream), re-sends to slo
 with a context-overflow 400 (JSON and streaming requests alike: the caller sees one response), and
 records usage and cached tokens from the JSON answer or from a stream's usage chunk (sent when the
 caller asks for ``stream_options.include_usage``). Every other request passes through untouched.
+
+Retries and failover are the Session's (:class:`~agentkv.RetryPolicy`): 429/5xx/connection errors are retried,
+an outage (refused, dropped, incomplete, 502/503/504) fails over to the other backend, at most ``attempts`` tries
+per backend in a turn. The caller's SDK does not retry on top: the final error answer carries
+``x-should-retry: false``, and a connection error with no try left is raised as the SDK's own
+``APIConnectionError`` (``APITimeoutError``), which openai >= 2 does not retry. A stream that breaks before its
+first bytes is retried like any outage; one that breaks after them raises :class:`StreamBrokenError`, and is
+never re-sent.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
 
 import httpx
 
 from agentkv._session.attempts import Attempt
-from agentkv.errors import ContextOverflowError
+from agentkv.errors import AgentKVError, ContextOverflowError
+from agentkv.retry import outage_cause
 from agentkv.tenancy import with_body_salt
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentkv._session.driver import Session
 
-__all__ = ["AgentKVTransport", "AsyncAgentKVTransport"]
+__all__ = ["AgentKVTransport", "AsyncAgentKVTransport", "StreamBrokenError"]
 
-_REJECTED = (400, 413)
 _NOT_COUNTED = ("stream", "stream_options")
 
 
 class Rejected(Exception):
-    """A backend's 4xx answer, shaped like the SDK's ``BadRequestError`` for the overflow parser."""
+    """A backend's error answer (any status >= 400), read whole: shaped like the SDK's ``APIStatusError`` for the
+    overflow parser and the retry policy (``status_code``, ``message``); ``replay`` hands it on as it came."""
 
-    def __init__(self, status_code: int, text: str) -> None:
+    def __init__(self, status_code: int, text: str, response: httpx.Response | None = None, raw: bytes = b"") -> None:
         super().__init__(text)
         self.status_code = status_code
         self.message = text
+        self.response, self.raw = response, raw
+
+    def replay(self) -> httpx.Response:
+        """The answer as the caller's client gets it: as it came, marked final (``x-should-retry: false``)."""
+        assert self.response is not None
+        return final(replayed(self.response, self.raw))
+
+
+class StreamBrokenError(AgentKVError, ConnectionError):
+    """A streamed answer broke after its first bytes reached the caller. It is never re-sent (the caller holds
+    a partial answer, and a second one would not continue it): send the turn again to retry it. Raised from the
+    transport's error, and not as an httpx error, so the OpenAI SDK hands it to the caller as it is."""
+
+    partial_answer = True  # never an outage (agentkv.retry.outage_cause): nothing fails over from it
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -99,6 +123,12 @@ def json_response(status_code: int, answer: Any, extensions: Mapping[str, Any] |
     return httpx.Response(status_code, headers=headers, stream=httpx.ByteStream(raw), extensions=extensions)
 
 
+def final(response: httpx.Response) -> httpx.Response:
+    """``response`` marked so that the OpenAI SDK does not retry it: the transport's retries were the bound."""
+    response.headers["x-should-retry"] = "false"
+    return response
+
+
 def replayed(response: httpx.Response, raw: bytes) -> httpx.Response:
     """A response already read to its last byte, handed on as it came (a stream, as transports answer)."""
     return httpx.Response(response.status_code, headers=response.headers, stream=httpx.ByteStream(raw),
@@ -114,80 +144,171 @@ def json_answer(response: httpx.Response, raw: bytes) -> Any:
 
 
 class UsageWatch:
-    """Reads SSE lines as they pass and keeps the last chunk that carries ``usage``."""
+    """Reads SSE lines as they pass and keeps the last chunk that carries ``usage``.
 
-    def __init__(self) -> None:
-        self._pending = b""
+    Linear in the bytes fed, and bounded: a line is held only until its newline arrives, and a line longer than
+    ``max_line`` bytes (1 MiB; a usage chunk is a few hundred) is dropped as it grows, not held.
+    """
+
+    def __init__(self, max_line: int = 1 << 20) -> None:
+        self.max_line = max_line
+        self._parts: list[bytes] = []  # the current line's pieces (joined once, at its newline)
+        self._held = 0
+        self._skipping = False  # the current line grew past max_line: dropped up to its newline
         self.usage_chunk: dict[str, Any] = {}
 
     def feed(self, data: bytes) -> None:
         """Take the next raw bytes of the stream."""
-        lines = (self._pending + data).split(b"\n")
-        self._pending = lines.pop()
-        for line in lines:
-            self._line(line.strip())
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._hold(data[start:end])
+            if not self._skipping:
+                self._line(b"".join(self._parts).strip())
+            self._parts, self._held, self._skipping = [], 0, False
+            start = end + 1
+        self._hold(data[start:])
+
+    def _hold(self, piece: bytes) -> None:
+        if self._skipping or not piece:
+            return
+        self._held += len(piece)
+        if self._held > self.max_line:
+            self._parts, self._held, self._skipping = [], 0, True
+        else:
+            self._parts.append(piece)
 
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:") or b'"usage"' not in line:
             return
         try:
             chunk = json.loads(line[5:])
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if isinstance(chunk, dict) and chunk.get("usage"):
             self.usage_chunk = chunk
 
 
-# ----------------------------------------------------------------------------- the streams
-class _SyncStream(httpx.SyncByteStream):
-    """The backend's SSE bytes, unchanged; usage recorded when the stream ends or is closed."""
+@dataclass
+class Sent:
+    """One try's answer as the transport holds it: a JSON answer read whole (``raw``), or a stream whose first
+    bytes were read (``first``, then ``chunks``): a stream that breaks before them is retried like any outage."""
 
-    def __init__(self, inner: httpx.SyncByteStream, finish: Any) -> None:
-        self._inner, self._finish, self._watch, self._done = inner, finish, UsageWatch(), False
+    response: httpx.Response
+    raw: bytes = b""
+    first: bytes = b""
+    chunks: Any = None
+
+
+def rejection(response: httpx.Response, raw: bytes) -> Rejected:
+    """A >= 400 answer as the error the Session's retry policy and reactive path read."""
+    return Rejected(response.status_code, raw.decode("utf-8", "replace"), response, raw)
+
+
+def broken(error: BaseException, backend: str, received: int) -> StreamBrokenError:
+    return StreamBrokenError(
+        f"the streamed answer from {backend!r} broke after {received} bytes ({type(error).__name__}: {error}); "
+        "agentkv never re-sends a stream once its first bytes reached the caller, who holds a partial answer: "
+        "send the turn again to retry it")
+
+
+def gave_up(request: httpx.Request, error: Exception) -> Exception:
+    """The error to raise when no try is left. Under the OpenAI SDK (its ``x-stainless-retry-count`` header), the
+    SDK's own ``APIConnectionError``/``APITimeoutError`` raised from ``error``: openai >= 2 propagates an
+    ``OpenAIError`` from its transport without retrying it, so its ``max_retries`` never multiplies the policy's."""
+    if "x-stainless-retry-count" not in request.headers or not isinstance(error, httpx.TransportError):
+        return error  # not under the SDK, or not an error it would have wrapped (and retried) itself
+    try:
+        import openai
+    except ImportError:
+        return error
+    if outage_cause(error) == "timeout":
+        wrapped: Exception = openai.APITimeoutError(request=request)  # type: ignore[arg-type]
+    else:
+        wrapped = openai.APIConnectionError(message=f"Connection error: {type(error).__name__}: {error}",
+                                            request=request)  # type: ignore[arg-type]
+    wrapped.__cause__ = error
+    return wrapped
+
+
+# ----------------------------------------------------------------------------- the streams
+class _Watched:
+    """What both stream twins keep: the usage watch, the bytes received, and the one call of ``finish``."""
+
+    def __init__(self, sent: Sent, finish: Any, backend: str) -> None:
+        self._sent, self._finish, self._backend = sent, finish, backend
+        self._watch, self._done, self._received = UsageWatch(), False, 0
+
+    def _take(self, data: bytes) -> bytes:
+        self._received += len(data)
+        self._watch.feed(data)
+        return data
+
+    def _broken(self, error: BaseException) -> StreamBrokenError:
+        return broken(error, self._backend, self._received)
+
+    def _end(self) -> None:
+        if not self._done:
+            self._done = True
+            self._finish(self._watch.usage_chunk)
+
+
+class _SyncStream(_Watched, httpx.SyncByteStream):
+    """The backend's SSE bytes, unchanged; usage recorded when the stream ends or is closed. A stream that breaks
+    after its first bytes raises :class:`StreamBrokenError` (never re-sent)."""
 
     def __iter__(self) -> Iterator[bytes]:
-        for data in self._inner:
-            self._watch.feed(data)
-            yield data
+        try:
+            for data in itertools.chain([self._sent.first] if self._sent.first else [], self._sent.chunks):
+                yield self._take(data)
+        except (httpx.TransportError, OSError) as error:
+            raise self._broken(error) from error
         self._end()
 
     def close(self) -> None:
-        self._inner.close()
+        self._sent.response.close()
         self._end()
 
-    def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            self._finish(self._watch.usage_chunk)
 
-
-class _AsyncStream(httpx.AsyncByteStream):
+class _AsyncStream(_Watched, httpx.AsyncByteStream):
     """The async twin of :class:`_SyncStream`."""
 
-    def __init__(self, inner: httpx.AsyncByteStream, finish: Any) -> None:
-        self._inner, self._finish, self._watch, self._done = inner, finish, UsageWatch(), False
-
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for data in self._inner:
-            self._watch.feed(data)
-            yield data
+        try:
+            if self._sent.first:
+                yield self._take(self._sent.first)
+            async for data in self._sent.chunks:
+                yield self._take(data)
+        except (httpx.TransportError, OSError) as error:
+            raise self._broken(error) from error
         self._end()
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        await self._sent.response.aclose()
         self._end()
 
-    def _end(self) -> None:
-        if not self._done:
-            self._done = True
-            self._finish(self._watch.usage_chunk)
+
+def _answered(session: "Session", attempt: Attempt, sent: Sent, stream: bool, asynchronous: bool) -> httpx.Response:
+    """The answer handed to the caller's client: a stream wrapped to record its usage at its end, or the JSON answer
+    recorded now and replayed."""
+    response = sent.response
+    if not stream:
+        session.answered(attempt, json_answer(response, sent.raw) or {}, asynchronous=asynchronous)
+        return replayed(response, sent.raw)
+    kind = _AsyncStream if asynchronous else _SyncStream
+    wrapped = kind(sent, lambda usage: session.answered(attempt, usage, asynchronous=asynchronous),
+                   attempt.backend.label)
+    return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
+                          extensions=response.extensions)
 
 
 # ----------------------------------------------------------------------------- the transports
 class AgentKVTransport(httpx.BaseTransport):
     """An httpx transport routing an OpenAI-SDK client's chat completions through ``session``.
 
-    ``inner`` sends the requests (a pooled ``httpx.HTTPTransport`` by default).
+    ``inner`` sends the requests (a pooled ``httpx.HTTPTransport`` by default). Each try is retried and failed
+    over under the Session's :class:`~agentkv.RetryPolicy` (at most ``attempts`` tries per backend in a turn);
+    the answer the caller's client finally gets is marked ``x-should-retry: false`` and an error with no try
+    left is raised as the SDK's own, so the SDK's ``max_retries`` never multiplies the policy's.
     """
 
     def __init__(self, session: "Session", inner: httpx.BaseTransport | None = None) -> None:
@@ -202,29 +323,42 @@ class AgentKVTransport(httpx.BaseTransport):
             attempt = self.session.prepare(counted_view(body))
         except ContextOverflowError as error:
             return refused(error)
+        attempt.turn.streamed = stream = bool(body.get("stream"))
         while True:
-            response = self._inner.handle_request(outgoing_request(request, body, attempt, self.session.cache_salt))
-            if response.status_code not in _REJECTED:
-                return self._answered(attempt, response, bool(body.get("stream")))
-            raw = b"".join(response.iter_raw())
-            response.close()
             try:
-                attempt = self.session.recover(attempt, Rejected(response.status_code, raw.decode("utf-8", "replace")))
-            except (Rejected, ContextOverflowError):
-                return replayed(response, raw)
+                sent = self._send(request, body, attempt, stream)
+            except Exception as error:
+                try:
+                    attempt = self.session.recover(attempt, error)
+                except Exception as final_error:
+                    return _last_word(request, error, final_error)
+                continue
+            return _answered(self.session, attempt, sent, stream, asynchronous=False)
 
-    def _answered(self, attempt: Attempt, response: httpx.Response, stream: bool) -> httpx.Response:
-        if response.status_code >= 400:
-            return response
-        if stream:
+    def _send(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, stream: bool) -> Sent:
+        role, policy = attempt.decision.role, self.session.retry
+
+        def once() -> Sent:
+            attempt.turn.sent[role] += 1
+            return self._once(outgoing_request(request, body, attempt, self.session.cache_salt), stream)
+
+        return policy.call(once, attempts=attempt.turn.left(role, policy.attempts))
+
+    def _once(self, request: httpx.Request, stream: bool) -> Sent:
+        response = self._inner.handle_request(request)
+        try:
+            if response.status_code >= 400 or not stream:
+                raw = b"".join(response.iter_raw())  # an incomplete answer raises here: retried, failed over
+                response.close()
+                if response.status_code >= 400:
+                    raise rejection(response, raw)
+                return Sent(response, raw=raw)
             assert isinstance(response.stream, httpx.SyncByteStream)
-            wrapped = _SyncStream(response.stream, lambda usage: self.session.answered(attempt, usage))
-            return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
-                                  extensions=response.extensions)
-        raw = b"".join(response.iter_raw())
-        response.close()
-        self.session.answered(attempt, json_answer(response, raw) or {})
-        return replayed(response, raw)
+            chunks = iter(response.stream)
+            return Sent(response, first=next(chunks, b""), chunks=chunks)  # a break before the first bytes: retried
+        except BaseException:
+            response.close()
+            raise
 
     def close(self) -> None:
         self._inner.close()
@@ -245,32 +379,55 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
             attempt = await self.session.aprepare(counted_view(body))
         except ContextOverflowError as refusal:
             return refused(refusal)
+        attempt.turn.streamed = stream = bool(body.get("stream"))
         while True:
-            sent = outgoing_request(request, body, attempt, self.session.cache_salt)
-            response = await self._inner.handle_async_request(sent)
-            if response.status_code not in _REJECTED:
-                return await self._answered(attempt, response, bool(body.get("stream")))
-            raw = b"".join([part async for part in response.aiter_raw()])
-            await response.aclose()
             try:
-                rejection = Rejected(response.status_code, raw.decode("utf-8", "replace"))
-                attempt = await self.session.arecover(attempt, rejection)
-            except (Rejected, ContextOverflowError):
-                return replayed(response, raw)
+                sent = await self._send(request, body, attempt, stream)
+            except Exception as error:
+                try:
+                    attempt = await self.session.arecover(attempt, error)
+                except Exception as final_error:
+                    return _last_word(request, error, final_error)
+                continue
+            return _answered(self.session, attempt, sent, stream, asynchronous=True)
 
-    async def _answered(self, attempt: Attempt, response: httpx.Response, stream: bool) -> httpx.Response:
-        if response.status_code >= 400:
-            return response
-        if stream:
+    async def _send(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, stream: bool) -> Sent:
+        role, policy = attempt.decision.role, self.session.retry
+
+        async def once() -> Sent:
+            attempt.turn.sent[role] += 1
+            return await self._once(outgoing_request(request, body, attempt, self.session.cache_salt), stream)
+
+        return await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts))
+
+    async def _once(self, request: httpx.Request, stream: bool) -> Sent:
+        response = await self._inner.handle_async_request(request)
+        try:
+            if response.status_code >= 400 or not stream:
+                raw = b"".join([part async for part in response.aiter_raw()])
+                await response.aclose()
+                if response.status_code >= 400:
+                    raise rejection(response, raw)
+                return Sent(response, raw=raw)
             assert isinstance(response.stream, httpx.AsyncByteStream)
-            wrapped = _AsyncStream(response.stream,
-                                   lambda usage: self.session.answered(attempt, usage, asynchronous=True))
-            return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
-                                  extensions=response.extensions)
-        raw = b"".join([part async for part in response.aiter_raw()])
-        await response.aclose()
-        self.session.answered(attempt, json_answer(response, raw) or {}, asynchronous=True)
-        return replayed(response, raw)
+            chunks = aiter(response.stream)
+            return Sent(response, first=await anext(chunks, b""), chunks=chunks)
+        except BaseException:
+            await response.aclose()
+            raise
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _last_word(request: httpx.Request, error: Exception, final_error: Exception) -> httpx.Response:
+    """What the caller's client gets when the Session has no next try for ``error``: the backend's last answer
+    (also when the Session gave up on an overflow), or ``error`` raised as the client's own final error."""
+    if isinstance(error, Rejected) and (final_error is error or isinstance(final_error, ContextOverflowError)):
+        return error.replay()
+    if final_error is not error:
+        raise final_error
+    wrapped = gave_up(request, error)
+    if wrapped is error:
+        raise error
+    raise wrapped from error
