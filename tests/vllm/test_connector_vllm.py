@@ -2,7 +2,8 @@
 mapped KV shows as external tokens and stays behind its handoff salt, and anything amiss is a re-prefill.
 
 One connector-enabled pair (fast, slow; the slow one configured with a fast -> slow ridge mapper calibrated on
-the tier's checkpoints) is started for the whole module and shares one export store.
+the tier's checkpoints by :func:`agentkv.handoff.calibrated.ensure_calibrated`) is started for the whole module
+and shares one export store.
 ``AGENTKV_CONNECTOR_REUSE=FAST_PORT,SLOW_PORT,STORE,MAPPER`` reuses such a pair already running (both started
 with ``VLLM_SERVER_DEV_MODE=1``), for a quick edit-test loop.
 """
@@ -35,21 +36,6 @@ class Pair:
         return mapper_digest(self.mapper)
 
 
-def _calibrated_mapper(models, folder: Path) -> Path:
-    """A fast -> slow ridge mapper fitted by ``agentkv calibrate``'s machinery on a little stdlib text."""
-    from agentkv.handoff.calibration import calibrate
-    from agentkv.handoff.config import CalibrationConfig
-    from agentkv.handoff.corpus import token_sequences
-    from agentkv.handoff.models import load_spec
-
-    source, codec = load_spec(str(models.fast))
-    target, _ = load_spec(str(models.slow))
-    sequences = token_sequences(Path(os.__file__).parent / "json", codec, seq_len=128, max_tokens=2048)
-    mapper = calibrate(source, target, sequences, config=CalibrationConfig(k=2, eval_decode_tokens=1))
-    mapper.save(folder)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def pair(request, tmp_path_factory):
     """Fast and slow vLLM servers with the connector, one store, and the mapper the slow one loads."""
@@ -63,8 +49,10 @@ def pair(request, tmp_path_factory):
     from agentkv.vllm import connector_config, connector_pythonpath
     from agentkv.vllm_cpu import VLLMServer, VLLMStartError
 
+    from agentkv.handoff.calibrated import ensure_calibrated
+
     root = tmp_path_factory.mktemp("connector")
-    mapper = _calibrated_mapper(models, root / "mapper")
+    mapper = ensure_calibrated(models.fast, models.slow, models.root / "mappers")  # fitted once per checkpoint pair
     env = {"PYTHONPATH": str(connector_pythonpath()), "VLLM_SERVER_DEV_MODE": "1"}
     store = root / "store"
     fast = VLLMServer(python, models.fast, window=2048, served_name="fast", threads_bind="nobind",
