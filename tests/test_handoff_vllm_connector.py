@@ -22,6 +22,7 @@ from agentkv.vllm import (
 from agentkv.vllm.decide import ImportInputs, MapperEntry, plan_import
 from agentkv.vllm.jobs import LoadJob
 from agentkv.vllm.metrics import prompt_tokens_by_source
+from agentkv.vllm.params import import_result
 from agentkv.vllm.paged import PagedLayout
 from agentkv.vllm.scheduler import SchedulerSide
 from agentkv.vllm.store import ExportError, ExportManifest, ExportStore, Lookup, evictions, export_id
@@ -298,7 +299,28 @@ def test_scheduler_loads_the_range_vllm_allocated(tmp_path):
     side.allocated(asked, 4)
     jobs = side.build(step([("r", 8, [5, 6, 7])], {"r": 4}), lambda _: [])
     assert jobs.loads == [LoadJob("r", manifest.export_id, None, 4, 8, (5, 6, 7))]
-    assert side.finished(asked) is None
+    side.outcome(set())
+    assert import_result(side.finished(asked)) == (4, "exact: 8 of 11 shared tokens (block-aligned)")
+
+
+def test_scheduler_reports_a_failed_load_as_no_tokens(tmp_path):
+    """A load the worker reported failed (an invalid block of its range) is answered as 0 tokens loaded."""
+    store = ExportStore(tmp_path, clock=lambda: 0.0)
+    manifest, _ = written(store, list(range(12)))
+    side = SchedulerSide(store, FAST, model="fast", mappers={}, block_size=BLOCK)
+    asked = request("r", list(range(12)), "s", import_params(manifest.export_id))
+    side.allocated(asked, side.matched_tokens(asked, 0))
+    side.build(step([("r", 8, [5, 6, 7])], {"r": 4}), lambda _: [])
+    side.outcome({6})
+    assert import_result(side.finished(asked))[0] == 0
+
+
+def test_scheduler_answers_a_refused_import_with_its_reason(tmp_path):
+    """An import that cannot load says why in the answer, with 0 tokens."""
+    side = SchedulerSide(ExportStore(tmp_path), FAST, model="fast", mappers={}, block_size=BLOCK)
+    asked = request("r", list(range(12)), "s", import_params("ab" * 16))
+    assert side.matched_tokens(asked, 0) == 0
+    assert import_result(side.finished(asked)) == (0, "export unusable: no such export")
 
 
 def identity_ridge(pair: SignaturePair) -> LearnedMapper:

@@ -27,13 +27,15 @@ from agentkv.vllm.params import (
     export_result,
     handoff_salt,
     import_params,
+    import_result,
     mapper_digest,
     parse_request,
     salt_digest,
 )
 
 __all__ = ["CONNECTOR", "KEY", "MODULE", "TransferRequest", "connector_config", "connector_pythonpath",
-           "export_params", "export_result", "handoff_salt", "import_params", "mapper_digest", "parse_request",
+           "export_params", "export_result", "handoff_salt", "import_params", "import_result", "mapper_digest",
+           "parse_request",
            "salt_digest"]
 
 CONNECTOR = "AgentKVConnector"

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = ["AgentKVConnector", "AgentKVMetadata"]
@@ -135,6 +136,10 @@ class AgentKVConnector(KVConnectorBase_V1):
         assert self._scheduler is not None and self._kv_cache_manager is not None
         manager = self._kv_cache_manager
         return AgentKVMetadata(self._scheduler.build(scheduler_output, lambda req_id: manager.get_block_ids(req_id)[0]))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        assert self._scheduler is not None
+        self._scheduler.outcome(set(connector_output.invalid_block_ids or ()))
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None

@@ -7,8 +7,11 @@ A request asks through its body's ``kv_transfer_params`` (vLLM hands them to the
     {"agentkv": {"import": "<export id>", "mapper": "fast"}}    # map an export of model "fast" first
 
 An export's answer carries ``{"agentkv": {"export_id": ..., "tokens": N}}`` in the response's
-``kv_transfer_params``. Mapped KV loads only under :func:`handoff_salt` of the exporter's salt and the
-mapper: a salt no ordinary request carries, so an exact-prefix request never meets approximate blocks.
+``kv_transfer_params``; an import's carries ``{"agentkv": {"imported": ..., "tokens": N, "reason": ...}}``, N the
+tokens vLLM loaded (0 when the export was refused, or its load failed and was recomputed).
+
+Mapped KV loads only under :func:`handoff_salt` of the exporter's salt and the mapper: a salt no ordinary
+request carries, so an exact-prefix request never meets approximate blocks.
 
 Pure functions, standard library only: this module runs inside vLLM's processes and in the Session.
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["KEY", "TransferRequest", "export_params", "export_result", "handoff_salt", "import_params",
-           "mapper_digest", "parse_request", "salt_digest"]
+           "import_result", "mapper_digest", "parse_request", "salt_digest"]
 
 KEY = "agentkv"
 """The one key of ``kv_transfer_params`` this connector reads and writes."""
@@ -83,6 +86,17 @@ def export_result(params: Mapping[str, Any] | None) -> tuple[str, int] | None:
     if not isinstance(export_id, str) or not is_digest(export_id) or not isinstance(tokens, int):
         return None
     return export_id, tokens
+
+
+def import_result(params: Mapping[str, Any] | None) -> tuple[int, str] | None:
+    """``(tokens loaded, reason)`` from an import's answer, or None when the server said nothing of one."""
+    body = params.get(KEY) if isinstance(params, Mapping) else None
+    if not isinstance(body, Mapping) or "imported" not in body:
+        return None
+    tokens, reason = body.get("tokens"), body.get("reason")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        return None
+    return tokens, str(reason)[:200] if isinstance(reason, str) else ""
 
 
 def is_digest(text: str) -> bool:

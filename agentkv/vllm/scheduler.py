@@ -39,6 +39,8 @@ class SchedulerSide:
         self._loading: dict[str, tuple[ImportPlan, int]] = {}
         self._exports: dict[str, ExportManifest] = {}
         self._exported: dict[str, ExportManifest] = {}
+        self._imports: dict[str, tuple[str, int, str]] = {}  # req_id -> (export id, tokens loaded, reason)
+        self._in_flight: dict[str, LoadJob] = {}
 
     def matched_tokens(self, request: Any, num_computed: int) -> int:
         """Tokens beyond ``num_computed`` this request can load (0 when it asks nothing or cannot)."""
@@ -52,6 +54,7 @@ class SchedulerSide:
         plan = self._plans.get(request.request_id)
         if plan is None:
             plan = self._plans[request.request_id] = self._plan(request, ask)
+            self._imports[request.request_id] = (ask.import_id or "", 0, plan.reason)
         return max(0, plan.tokens - num_computed)
 
     def _plan(self, request: Any, ask: TransferRequest) -> ImportPlan:
@@ -81,7 +84,10 @@ class SchedulerSide:
         for new in scheduler_output.scheduled_new_reqs:
             loading = self._loading.pop(new.req_id, None)
             if loading is not None:
-                jobs.loads.append(self._load_job(new, *loading))
+                job = self._load_job(new, *loading)
+                jobs.loads.append(job)
+                self._in_flight[job.req_id] = job
+                self._imports[job.req_id] = (job.export_id, job.end - job.start, self._imports[job.req_id][2])
         for req_id, computed in _scheduled(scheduler_output):
             manifest = self._exports.get(req_id)
             if manifest is not None and computed + scheduler_output.num_scheduled_tokens[req_id] >= manifest.tokens:
@@ -95,15 +101,26 @@ class SchedulerSide:
         assert plan.export_id is not None
         return LoadJob(new.req_id, plan.export_id, plan.mapper, end - num_external, end, tuple(new.block_ids[0]))
 
+    def outcome(self, invalid_block_ids: set[int]) -> None:
+        """The worker's report of this step's loads: a load that touched an invalid block loaded nothing."""
+        for req_id, job in list(self._in_flight.items()):
+            del self._in_flight[req_id]
+            if invalid_block_ids & job.touched_blocks(self.block_size):
+                self._imports[req_id] = (job.export_id, 0, "the load failed; vLLM recomputed the tokens")
+
     def finished(self, request: Any) -> dict[str, Any] | None:
-        """Forget the request; an export's id and size go back in the answer's ``kv_transfer_params``."""
+        """Forget the request; what it exported or imported goes back in the answer's ``kv_transfer_params``."""
         req_id = request.request_id
-        for table in (self._plans, self._loading, self._exports):
+        for table in (self._plans, self._loading, self._exports, self._in_flight):
             table.pop(req_id, None)
+        body: dict[str, Any] = {}
         manifest = self._exported.pop(req_id, None)
-        if manifest is None:
-            return None
-        return {KEY: {"export_id": manifest.export_id, "tokens": manifest.tokens}}
+        if manifest is not None:
+            body.update(export_id=manifest.export_id, tokens=manifest.tokens)
+        imported = self._imports.pop(req_id, None)
+        if imported is not None:
+            body.update(imported=imported[0], tokens=imported[1], reason=imported[2])
+        return {KEY: body} if body else None
 
 
 def _scheduled(scheduler_output: Any) -> list[tuple[str, int]]:
