@@ -234,3 +234,29 @@ def test_an_export_of_another_model_without_a_mapper_is_refused(pair):
     before = _external(pair.slow)
     answer = _chat(pair.slow, "slow", messages, salt=salt, params=import_params(export_id))
     assert _external(pair.slow) == before and _cached(answer) == 0
+
+
+def test_a_session_escalating_cold_hands_the_prefix_over_through_the_connector(pair, monkeypatch):
+    """A Session whose second turn outgrows fast exports what fast served, slow maps it in, and the Session counts
+    the tokens slow reports, which vLLM's metrics show as external KV."""
+    from agentkv import Backend, Session, WindowDiscovery
+    from agentkv._session.escalation import Handoff
+    from agentkv.warm import CooldownMap
+
+    monkeypatch.setenv("AGENTKV_WARM_AHEAD", "0")  # no warm-ahead: the escalation would be cold
+    fast = Backend("hosted_vllm/fast", api_base=pair.fast + "/v1", name="fast")
+    slow = Backend("hosted_vllm/slow", api_base=pair.slow + "/v1", name="slow")
+    handoff = Handoff("ridge", mapper=pair.mapper, via="vllm", min_attention_cosine=0.0)  # random weights: gate open
+    first = _messages(120)
+    before = _external(pair.slow)
+    with Session(fast, slow, tenant="t", cache_salt_secret=uuid.uuid4().hex, discovery=WindowDiscovery(),
+                 cooldowns=CooldownMap(), handoff=handoff) as s:
+        s.completion(messages=first, max_tokens=2, temperature=0.0)
+        assert s.last_route.role == "fast"
+        grown = first + [{"role": "assistant", "content": "noted"}, _messages(150)[1]]
+        answer = s.completion(messages=grown, max_tokens=2, temperature=0.0)
+    assert s.last_route.role == "slow" and answer.choices[0].message is not None
+    stats = s.stats()
+    assert stats["handoff_mapped"] == 1 and stats["handoff_fallbacks"] == 0
+    assert stats["mapped_tokens"] >= 7 * BLOCK and stats["mapped_tokens"] % BLOCK == 0
+    assert _external(pair.slow) - before == stats["mapped_tokens"]
