@@ -40,8 +40,19 @@ class WorkerSide:
         self._mappers: dict[str, Any] = {}
 
     def register(self, layers: Sequence[tuple[torch.Tensor, Writer]]) -> None:
-        """Every attention layer's cache ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` and writer, in order."""
+        """Every attention layer's cache ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` and writer, in order.
+
+        The mappers are loaded now, not on a request's path; so is the layout when the writer can already run."""
         self.layers = list(layers)
+        for name in self.mapper_paths:
+            try:
+                self._mapper(name)
+            except Exception as error:  # its imports will fail and be recomputed; the server still serves
+                log.warning("agentkv mapper %r unusable: %s: %s", name, type(error).__name__, error)
+        try:
+            self._layout = self.layout
+        except Exception as error:  # the writer needs state vLLM sets up later: probed on first use
+            log.info("agentkv layout probe deferred: %s", type(error).__name__)
 
     @property
     def layout(self) -> PagedLayout:
