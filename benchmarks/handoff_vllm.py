@@ -104,9 +104,18 @@ def connector_pair(models: Any, mapper: Path, *, window: int) -> Any:
     return pair()
 
 
-def text_of(tokens: int) -> str:
-    """Unique text of about ``tokens`` tokens of the tier's tokenizer (~8 per item)."""
-    return f"{uuid.uuid4()} " + " ".join(f"item{i} costs {i * 7 % 13} units" for i in range(tokens // 8))
+def text_of(tokens: int, root: str | None = None) -> str:
+    """Unique text of about ``tokens`` tokens of the tier's tokenizer (sized with the server's /tokenize if given)."""
+    items = max(1, tokens // 12)
+    for _ in range(3 if root else 0):
+        counted = len(httpx.post(root + "/tokenize", json={"model": "fast", "prompt": _items(items)},
+                                 timeout=60.0).json()["tokens"])
+        items = max(1, round(items * tokens / max(1, counted)))
+    return _items(items)
+
+
+def _items(count: int) -> str:
+    return f"{uuid.uuid4()} " + " ".join(f"item{i} costs {i * 7 % 13} units" for i in range(count))
 
 
 def chat(root: str, model: str, messages: list[dict[str, Any]], salt: str, params: dict[str, Any] | None = None,
@@ -135,7 +144,7 @@ def once(pair: Pair, length: int) -> dict[str, Any]:
     """One prefix of ``length`` tokens escalated cold, mapped and warm."""
     from agentkv.vllm import export_params, export_result, handoff_salt, import_params, import_result
 
-    prefix = [{"role": "user", "content": text_of(length)}]
+    prefix = [{"role": "user", "content": text_of(length, pair.fast.root)}]
     escalated = prefix + [{"role": "assistant", "content": "noted"}, {"role": "user", "content": text_of(100)}]
     tenant = uuid.uuid4().hex
     chat(pair.fast.root, "fast", prefix, tenant)  # fast served the conversation so far

@@ -154,3 +154,19 @@ def test_a_vllm_handoff_needs_the_mapper_folder():
         Handoff("ridge", mapper=object(), via="vllm")
     with pytest.raises(ConfigurationError, match="via"):
         Handoff("identity", via="carrier-pigeon")
+
+
+def test_an_answer_without_an_import_report_counts_nothing(tmp_path, monkeypatch):
+    """A slow answer that says nothing of the import (a stream, or no connector there) is neither mapped nor a
+    fallback: it is reported as unreported."""
+    class Silent(Slow):
+        def completion(self, **kwargs):
+            answer = super().completion(**kwargs)
+            answer.pop("kv_transfer_params", None)
+            return answer
+
+    with capture_events() as events:
+        s = escalate(Handoff("ridge", mapper=mapper_folder(tmp_path, 0.99), via="vllm"), Silent(loaded=896), monkeypatch)
+    stats = s.stats()
+    assert (stats["handoff_mapped"], stats["handoff_fallbacks"], stats["mapped_tokens"]) == (0, 0, 0)
+    assert any(e["event"] == "handoff.unreported" for e in events)

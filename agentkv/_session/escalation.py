@@ -183,7 +183,10 @@ class Handoff:
         params = response.get("kv_transfer_params") if isinstance(response, dict) else \
             getattr(response, "kv_transfer_params", None)
         reported = import_result(params)
-        tokens, reason = reported if reported is not None else (0, "slow reported no import (a stream, or no connector)")
+        if reported is None:  # a stream, or a slow server without the connector: nothing to count
+            emit("handoff.unreported", level="warning", backend=self.backend, export=export[:12])
+            return
+        tokens, reason = reported
         stats.add("handoff_mapped" if tokens > 0 else "handoff_fallbacks")
         stats.add("mapped_tokens", tokens)
         event, level = ("handoff.imported", "info") if tokens > 0 else ("handoff.fallback", "warning")
