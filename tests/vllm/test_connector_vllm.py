@@ -30,6 +30,7 @@ class Pair:
     slow: str
     store: Path
     mapper: Path
+    servers: tuple = ()  # (fast, slow) VLLMServer s when this module started them
 
     @property
     def mapper_id(self) -> str:
@@ -69,7 +70,7 @@ def pair(request, tmp_path_factory):
         slow.stop()
         pytest.fail(f"vLLM with AgentKVConnector did not start: {exc}", pytrace=False)
     try:
-        yield Pair(fast.root, slow.root, store, mapper)
+        yield Pair(fast.root, slow.root, store, mapper, (fast, slow))
     finally:
         fast.stop()
         slow.stop()
@@ -260,3 +261,29 @@ def test_a_session_escalating_cold_hands_the_prefix_over_through_the_connector(p
     assert stats["handoff_mapped"] == 1 and stats["handoff_fallbacks"] == 0
     assert stats["mapped_tokens"] >= 7 * BLOCK and stats["mapped_tokens"] % BLOCK == 0
     assert _external(pair.slow) - before == stats["mapped_tokens"]
+
+
+def test_exports_survive_restarts_of_both_servers(pair):
+    """After fast crashes and slow restarts (both at once), an export written before loads on the new slow (mapper
+    reloaded, store kept), and the new fast, its prefix cache empty, exports the same prefix under the same id."""
+    if not pair.servers:
+        pytest.skip("needs the servers this module started (not AGENTKV_CONNECTOR_REUSE)")
+    fast, slow = pair.servers
+    messages, salt = _messages(), _salt()
+    export_id, tokens = _export(pair, messages, salt)
+    fast.kill()
+    slow.stop()
+    fast.launch()
+    slow.launch()
+    fast.wait_ready()
+    slow.wait_ready()
+    expected = (tokens - 1) // BLOCK * BLOCK
+    handoff = handoff_salt(salt, pair.mapper_id)
+    loaded = _chat(pair.slow, "slow", messages, salt=handoff, params=import_params(export_id, mapper="fast"))
+    assert _cached(loaded) == expected
+    again, _ = _export(pair, messages, salt)
+    assert again == export_id
+    _reset_prefix_cache(pair.slow)  # so the second import, not the first one's blocks, supplies the prefix
+    before = _external(pair.slow)
+    reloaded = _chat(pair.slow, "slow", messages, salt=handoff, params=import_params(again, mapper="fast"))
+    assert _cached(reloaded) == expected and _external(pair.slow) - before == expected
