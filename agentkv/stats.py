@@ -12,7 +12,7 @@ COUNTERS = (
     "reactive_fallbacks", "escalations", "overflow_errors", "slow_overflow_refusals",
     "warm_fired", "warm_skipped_cooldown", "warm_skipped_disabled", "warm_skipped_unknown_model",
     "warm_skipped_saturated", "warm_skipped_state_unavailable", "warm_failed", "warm_completed", "escalations_after_warm",
-    "cached_tokens_total", "cached_tokens_on_escalation", "mapped_tokens", "handoff_fallbacks",
+    "cached_tokens_total", "cached_tokens_on_escalation", "mapped_tokens", "handoff_mapped", "handoff_fallbacks",
     "catalog_refusals", "warm_prefix_broken", "observed_requests", "failovers",
     "cached_tokens_unknown",
     "warm_skipped_resident", "warm_rewarm_evicted", "warm_top_up", "warm_skipped_break_even",

@@ -202,6 +202,7 @@ class SessionCore:
     # ----------------------------------------------------------------- at and after the answer
 
     def _finish(self, attempt: Attempt, response: Any, *, asynchronous: bool) -> Any:
+        self.handoff.answered(response, self._stats)  # what slow loaded for an import the request named
         escalation = is_escalation(self._record.previous_role, attempt.decision)
         warmed = self._warm.warmed
         prediction = self._predict(attempt, asynchronous)
@@ -234,7 +235,9 @@ class SessionCore:
         if self.slow is None:
             return
         attempt.handed_off = True
-        outcome = self.handoff.at_escalation(self.fast, self.slow, attempt.payload, self.cache_salt)
+        previous = self._history[-2] if len(self._history) > 1 else None  # what fast last served: cheap to export
+        outcome = self.handoff.at_escalation(self.fast, self.slow, attempt.payload, self.cache_salt, attempt=attempt,
+                                             previous=previous, warm=self._warm, http=self.http)
         self._stats.add("mapped_tokens", outcome.mapped_tokens)
         self._stats.add("handoff_fallbacks", int(outcome.fallback))
 

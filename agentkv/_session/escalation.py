@@ -4,7 +4,7 @@ The warm-prefix check compares what warm-ahead warmed with what the escalation s
 tokens, from the slow backend's counter) and warns when the warm no longer prefixes it. It is a
 diagnostic: the driver runs it in the background, never on the request path.
 
-KV handoff at escalation, for Sessions whose backends are in-process embedded engines.
+KV handoff at escalation, between in-process embedded engines or between vLLM servers.
 
 At the move from fast to slow, a configured mapper (``Session(..., handoff="ridge", mapper=PATH)``)
 takes the fast engine's cached KV for the conversation's prefix, maps it, and installs it in the slow
@@ -12,14 +12,24 @@ engine's prefix cache under the slow engine's own block hashes; the slow engine 
 unmapped tail. Anything that stops that (engines not in this process, a mapper below the quality gate,
 a signature mismatch) falls back to ``replay`` -- the slow engine prefills the tokens itself -- with a
 logged reason. A handoff never fails the request.
+
+With ``Handoff(..., via="vllm")`` the two backends are vLLM servers running
+:class:`~agentkv.vllm.connector.AgentKVConnector` (the slow one configured with the same mapper folder under
+``mapper_name``). At an escalation that would otherwise be cold (no warm-ahead reached slow, or the ledger shows
+it evicted), fast exports the conversation's prefix, the gate reads the mapper's held-out figures, and the
+escalated request names the export under the handoff salt; slow maps and loads it. What slow reports having
+loaded is counted when the answer arrives (:meth:`Handoff.answered`): ``handoff_mapped``, ``mapped_tokens``, or a
+``handoff_fallbacks`` when it loaded nothing.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from agentkv._http import HttpTransport
 from agentkv.backends import Backend
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
@@ -32,12 +42,16 @@ from agentkv.warm.sender import BackgroundJobs
 
 @dataclass(frozen=True)
 class HandoffOutcome:
-    """What happened at one escalation: tokens whose KV was mapped in, the backend, and why."""
+    """What happened at one escalation: tokens whose KV was mapped in, the backend, and why.
+
+    ``pending``: the escalated request carries an import; slow's answer says how many tokens it loaded.
+    """
 
     mapped_tokens: int
     backend: str
     reason: str
     fallback: bool = False
+    pending: bool = False
 
 
 class Handoff:
@@ -46,25 +60,42 @@ class Handoff:
         Handoff("ridge", mapper="mappers/small-to-large", min_attention_cosine=0.95)
     """
 
-    def __init__(self, backend: str = REPLAY, mapper: Any = None, *, min_attention_cosine: float | None = None) -> None:
+    def __init__(self, backend: str = REPLAY, mapper: Any = None, *, min_attention_cosine: float | None = None,
+                 via: str = "engines", mapper_name: str | None = None, export_timeout_s: float = 60.0) -> None:
         from agentkv.handoff import DEFAULT_MIN_ATTENTION_COSINE, available_mappers
 
         if backend not in available_mappers():
             raise ConfigurationError(f"handoff={backend!r} is not a registered KV mapper; have {available_mappers()}")
         if backend not in (REPLAY, "identity") and mapper is None:
             raise ConfigurationError(f"handoff={backend!r} needs mapper= (a saved mapper directory or a KVMapper)")
+        if via not in ("engines", "vllm"):
+            raise ConfigurationError(f"Handoff(via={via!r}): 'engines' (in-process) or 'vllm' (AgentKVConnector)")
+        if via == "vllm" and mapper is not None and not (isinstance(mapper, (str, Path)) and Path(mapper).is_dir()):
+            raise ConfigurationError("Handoff(via='vllm') needs mapper= as the folder the slow server loads too")
         self.backend = backend
         self._spec = mapper
         self._mapper: Any = None
         self.min_attention_cosine = DEFAULT_MIN_ATTENTION_COSINE if min_attention_cosine is None else min_attention_cosine
+        self.via, self.mapper_name, self.export_timeout_s = via, mapper_name, export_timeout_s
+        self._pending: str | None = None  # the export the escalated request names, until its answer arrives
 
     @property
     def active(self) -> bool:
         """False for ``replay``: nothing to do at escalation."""
         return self.backend != REPLAY
 
-    def at_escalation(self, fast: Backend, slow: Backend, payload: Payload, cache_salt: str | None) -> HandoffOutcome:
-        """Map the fast engine's cached prefix into the slow engine, or say why it replays instead."""
+    def at_escalation(self, fast: Backend, slow: Backend, payload: Payload, cache_salt: str | None, *,
+                      attempt: Any = None, previous: Payload | None = None, warm: Any = None,
+                      http: HttpTransport | None = None) -> HandoffOutcome:
+        """Map the fast engine's cached prefix into the slow engine, or say why it replays instead.
+
+        ``via="vllm"``: ``attempt`` (the escalated request, edited to name the export), ``previous`` (the payload
+        fast last served), ``warm`` (the Session's warm-ahead) and ``http`` (the seam the export goes through).
+        """
+        if self.via == "vllm":
+            if attempt is None or http is None:
+                return self._fallback("a vLLM handoff needs the escalated request and an HTTP transport")
+            return self._via_connector(fast, attempt, previous or payload, cache_salt, warm, http)
         from agentkv.local.server import engine_at
 
         engines = engine_at(fast.api_base), engine_at(slow.api_base)
@@ -98,9 +129,91 @@ class Handoff:
                 if isinstance(spec, (str, Path)) and Path(spec).is_dir() else spec
         return self._mapper
 
+    def _via_connector(self, fast: Backend, attempt: Any, prefix: Payload, cache_salt: str | None, warm: Any,
+                       http: HttpTransport) -> HandoffOutcome:
+        from agentkv.handoff import choose_handoff, log_plan
+        from agentkv.handoff.served import MapperSummary, import_request
+
+        cold = warm_cold_reason(warm)
+        if cold is None:
+            emit("handoff.skipped", reason="slow holds the warmed prefix")
+            return HandoffOutcome(0, REPLAY, "slow holds the warmed prefix")
+        try:
+            summary = MapperSummary.read(self._spec) if self._spec is not None else None
+        except Exception as error:  # an unreadable mapper is a replay, never a failed request
+            return self._fallback(f"{type(error).__name__}: {error}")
+        plan = choose_handoff(summary if summary is not None else self.backend, self.min_attention_cosine)
+        log_plan(plan, cold=cold)
+        if plan.replay:
+            return HandoffOutcome(0, REPLAY, plan.reason, fallback=plan.fallback)
+        exported = self._export(fast, prefix, cache_salt, http)
+        if isinstance(exported, HandoffOutcome):
+            return exported
+        attempt.kwargs, attempt.cache_salt = import_request(attempt.kwargs, exported, summary, cache_salt,
+                                                            mapper_name=self.mapper_name or fast.served_model)
+        self._pending = exported
+        return HandoffOutcome(0, plan.backend, f"import of {exported[:12]} sent ({cold})", pending=True)
+
+    def _export(self, fast: Backend, prefix: Payload, cache_salt: str | None, http: HttpTransport) -> str | HandoffOutcome:
+        """Ask fast to export ``prefix``'s KV: the export id, or the fallback outcome when it did not."""
+        from agentkv.handoff.served import export_body
+        from agentkv.vllm.params import export_result
+
+        started = time.perf_counter()
+        url = f"{(fast.api_base or '').rstrip('/')}/chat/completions"
+        try:
+            answer = http.post_json(url, export_body(fast.served_model, prefix, cache_salt),
+                                    timeout_s=self.export_timeout_s)
+        except Exception as error:  # fast unreachable or refusing: replay
+            return self._fallback(f"export failed: {type(error).__name__}: {str(error)[:200]}")
+        found = export_result(answer.get("kv_transfer_params") if isinstance(answer, dict) else None)
+        if found is None:
+            return self._fallback("fast exported nothing (no AgentKVConnector there?)")
+        emit("handoff.export", backend=fast.label, export=found[0][:12], tokens=found[1],
+             export_ms=round((time.perf_counter() - started) * 1e3, 3))
+        return found[0]
+
+    def answered(self, response: Any, stats: SessionStats) -> None:
+        """Count what slow reported loading for the import the escalated request named (if it named one)."""
+        from agentkv.vllm.params import import_result
+
+        export, self._pending = self._pending, None
+        if export is None:
+            return
+        params = response.get("kv_transfer_params") if isinstance(response, dict) else \
+            getattr(response, "kv_transfer_params", None)
+        reported = import_result(params)
+        if reported is None:  # a stream, or a slow server without the connector: nothing to count
+            emit("handoff.unreported", level="warning", backend=self.backend, export=export[:12])
+            return
+        tokens, reason = reported
+        stats.add("handoff_mapped" if tokens > 0 else "handoff_fallbacks")
+        stats.add("mapped_tokens", tokens)
+        event, level = ("handoff.imported", "info") if tokens > 0 else ("handoff.fallback", "warning")
+        emit(event, level=level, backend=self.backend, export=export[:12], mapped_tokens=tokens, reason=reason)
+
     def _fallback(self, reason: str) -> HandoffOutcome:
         emit("handoff.fallback", level="warning", backend=REPLAY, configured=self.backend, reason=reason)
         return HandoffOutcome(0, REPLAY, reason, fallback=True)
+
+
+def warm_cold_reason(warm: Any) -> str | None:
+    """Why slow would prefill this escalation cold (see :func:`~agentkv.handoff.served.cold_reason`), asking the
+    ledger (through slow's tokenizer) when one follows slow; None when the warmed prefix is held."""
+    from agentkv.handoff.served import cold_reason
+
+    warmed = getattr(warm, "warmed", None)
+    residency = getattr(warm, "residency", None)
+    held = tokens = size = None
+    if warmed is not None and residency is not None:
+        try:
+            ids, exact = residency.counter.token_ids(warmed, add_generation_prompt=False)
+            size = residency.ledger.block_size(residency.backend)
+            if exact and residency.ledger.live(residency.backend) and size:
+                held, tokens = residency.held(ids), len(ids)
+        except Exception as exc:  # the ledger cannot tell: trust the warm
+            emit("handoff.residency_unknown", level="debug", error=type(exc).__name__)
+    return cold_reason(warmed=warmed is not None, held_tokens=held, warmed_tokens=tokens, block_size=size)
 
 
 def prefix_report(previous: Payload, current: Payload, prev_ids: tuple[list[int], bool],
