@@ -1,5 +1,6 @@
 """The estimate bound learns from every exact count, and a silent server clamp is seen: against a fake vLLM 0.32."""
 
+import math
 import uuid
 
 import pytest
@@ -95,13 +96,12 @@ def routes(session):
 def test_a_first_request_to_a_backend_of_unknown_ratio_is_counted_exactly():
     """A counter whose bound has seen no exact count asks /tokenize even where the estimate's interval would
     decide; after that one count, an interval that decides is enough."""
-    fake = FakeVLLM()
+    fake = FakeVLLM(ratio=1.0)
     counter = TokenCounter.for_backend(fake.backend("fast"), http=fake.http)
     counter.bound = EstimateBound()
-    payload = Payload(tuple(prose(40)))
-    first = counter.count_for(payload, lambda low, high: True)
+    first = counter.count_for(Payload(tuple(prose(400))), lambda low, high: True)
     assert first.exact and first.source == "server" and counter.bound.known
-    second = counter.count_for(Payload(tuple(prose(48))), lambda low, high: True)
+    second = counter.count_for(Payload(tuple(prose(480))), lambda low, high: True)
     assert not second.exact and counter.exact_asked == 1
 
 
@@ -113,17 +113,37 @@ def estimate(total, safe=None, low=None, high=None):
 
 
 def test_the_bound_learns_a_ratio_within_its_limit_and_then_gives_up():
-    """An in-interval count only makes the ratio known; one above it sets the high factor to the ratio seen with
-    10% headroom (scaling the proportional part, the slack kept), one below widens the low side alone; past 4x
-    the bound is exhausted and its counter asks the exact source for every decision."""
+    """A count inside the interval and the 15% margin only makes the ratio known; one above the interval sets the
+    high factor to the ratio seen with 10% headroom (scaling the proportional part, the slack kept), so the same
+    ratio on a longer turn falls inside; one below widens the low side alone; past 4x the bound is exhausted and
+    its counter asks the exact source for every decision."""
     bound = EstimateBound()
-    assert not bound.learn(estimate(100), 150) and bound.factor == 1.0 and bound.known
-    assert bound.learn(estimate(100), 300) and bound.high_factor == pytest.approx(3.3) and bound.low_factor == 1.0
-    widened = bound.apply(estimate(100))
-    assert (widened.low, widened.safe, widened.high) == (47, 380, 420) and not bound.exhausted
-    assert not bound.learn(bound.apply(estimate(200)), 600)  # the same ratio on a longer turn falls inside
-    assert bound.learn(bound.apply(estimate(100)), 20) and bound.low_factor == pytest.approx(47 / 20 * 1.1)
-    assert bound.learn(bound.apply(estimate(100)), 500) and bound.high_factor == 4.0 and bound.exhausted
+    assert not bound.learn(estimate(1000), 1100) and bound.factor == 1.0 and bound.known
+    assert bound.learn(estimate(1000), 3000) and bound.high_factor == pytest.approx(3.3) and bound.low_factor == 1.0
+    widened = bound.apply(estimate(1000))
+    assert (widened.low, widened.safe, widened.high - widened.safe) == (830, math.ceil(1150 * bound.high_factor), 40)
+    assert not bound.exhausted
+    assert not bound.learn(bound.apply(estimate(2000)), 6000)
+    assert bound.learn(bound.apply(estimate(1000)), 400) and bound.low_factor == pytest.approx(830 / 400 * 1.1)
+    assert bound.learn(bound.apply(estimate(1000)), 5000) and bound.high_factor == 4.0 and bound.exhausted
+
+
+def test_a_short_request_inside_the_slack_leaves_the_ratio_unknown():
+    """An exact count of a request so short that the template slack could hide any ratio teaches nothing: the
+    ratio stays unknown (the next request is counted exactly too) until a long one is seen."""
+    bound = EstimateBound()
+    assert not bound.learn(estimate(20), 50) and not bound.known  # 2.5x, hidden inside the slack of 40
+    assert not bound.learn(estimate(400), 440) and bound.known
+
+
+def test_a_ratio_past_the_margin_on_a_long_request_widens_even_inside_the_interval():
+    """A long request counted at 1.27x its estimate (inside the interval's slack, past its 15% margin) widens the
+    high side to that ratio with 10% headroom, logged as count_bound_learned."""
+    bound = EstimateBound()
+    with capture_events() as events:
+        assert bound.learn(estimate(300), 380, backend="fast", origin="usage")  # safe 345, high 385
+    assert bound.high_factor == pytest.approx(380 / 300 * 1.1)
+    assert [(e["event"], e["origin"]) for e in events] == [("count_bound_learned", "usage")]
 
 
 def test_the_estimate_bound_is_learned_per_server_and_model():
@@ -178,7 +198,7 @@ def test_the_exact_count_taken_while_recovering_teaches_the_bound():
     "recovery"), so the identical request next time goes straight to slow instead of paying the same 400."""
     fake = FakeVLLM(ratio=1.0)
     with fake.session() as s:
-        s.completion(messages=prose(16), max_tokens=8)  # the first count: /tokenize, agreeing with the estimate
+        s.completion(messages=prose(400), max_tokens=8)  # the first count: /tokenize, agreeing with the estimate
     fake.ratio = fake.tokenize_ratio = 2.2
     big = prose(960)  # estimate ~1.0K, interval up to ~1.2K (fast, unwidened); 2.2x is ~2.2K, over fast's 2048
     with fake.session() as first, capture_events() as events:

@@ -6,9 +6,11 @@ makes a backend keep that promise (a BPE trained on code counts English at twice
 :class:`EstimateBound` learns how far off its backend is from the exact counts it is shown: a ``/tokenize``
 answer asked near a boundary, the count taken while recovering from an overflow, and every response's
 ``usage.prompt_tokens`` (the server's own count of what it was sent). An exact count above the interval
-widens the high side of every later interval to the ratio seen, with headroom; one below widens the low
-side. A backend that has shown no exact count yet has an unknown ratio
-(:attr:`EstimateBound.known` is False): its counter asks the exact source for the first decision.
+(or, on a long enough request, above the estimate's 15% margin) widens the high side of every later
+interval to the ratio seen, with headroom; one below widens the low side. A backend that has shown no
+telling exact count yet (one outside the interval, or of a request long enough that the template slack
+does not hide the ratio) has an unknown ratio (:attr:`EstimateBound.known` is False): its counter asks the
+exact source for every decision until it has.
 
     bound = shared_bound("http://gpu-1:8000|qwen")  # one per server and model per process
     estimate = bound.apply(estimate)                 # interval and safe figure widened by what was learned
@@ -29,7 +31,7 @@ from dataclasses import replace
 from agentkv.events import emit
 from agentkv.tokens.payload import TokenCount
 
-__all__ = ["EstimateBound", "HEADROOM", "MAX_WIDENING", "shared_bound"]
+__all__ = ["EstimateBound", "HEADROOM", "MAX_WIDENING", "informative", "shared_bound"]
 
 # The widened interval holds the violating count's ratio with 10% to spare (a turn denser in tokens than the one seen).
 HEADROOM = 1.1
@@ -72,32 +74,46 @@ class EstimateBound:
                        high=high + safe - count.safe)
 
     def learn(self, estimate: TokenCount, exact: int, *, backend: str = "", origin: str = "tokenize") -> bool:
-        """Check the exact count of the payload ``estimate`` (already :meth:`apply`-ed) estimated against its
-        interval; beyond the high end, ``high_factor`` becomes the ratio seen (``exact / total``) with
-        :data:`HEADROOM` (on top of the estimate's own 15% margin, so a later turn with up to 26% more tokens
-        per estimated token still falls inside); beyond the low end, ``low_factor`` grows to hold it with the same
-        headroom. Warns ``count_bound_exceeded`` and returns True when it fell outside. ``origin``: where the
-        exact count came from ("tokenize", "recovery" or "usage"). An exact ``estimate`` teaches nothing."""
+        """Teach the bound an exact count of the payload ``estimate`` (already :meth:`apply`-ed) estimated.
+
+        Above the interval, or above the estimate's safe figure on an :func:`informative` estimate (a ratio past
+        the 15% margin that the template slack hid), ``high_factor`` becomes the ratio seen (``exact / total``)
+        with :data:`HEADROOM`: on top of the estimate's own 15% margin, a later turn with up to 26% more tokens
+        per estimated token still falls inside. Below the interval, ``low_factor`` grows to hold it with the
+        same headroom. The ratio becomes :attr:`known` with an informative estimate or a count outside the
+        interval (a short request inside the slack says nothing about it). Logs ``count_bound_exceeded``
+        (outside the interval) or ``count_bound_learned`` and returns True when the bound widened. ``origin``:
+        where the exact count came from ("tokenize", "recovery" or "usage"). An exact ``estimate`` teaches
+        nothing."""
         if estimate.exact:
             return False
         low, high = estimate.interval
+        telling = informative(estimate)
         with self._lock:
-            self.known = True
             self.observations += 1
-            if low <= exact <= high:
-                return False
-            self.violations += 1
-            if exact > high:
-                wanted = exact / max(estimate.total, 1) * HEADROOM  # above high: more than 1.15 * high_factor
+            outside = not low <= exact <= high
+            self.known = self.known or telling or outside
+            if exact > high or (telling and exact > estimate.safe):
+                wanted = exact / max(estimate.total, 1) * HEADROOM  # past the safe figure: > 1.15 * high_factor
                 self.high_factor = max(self.high_factor, min(wanted, self._max))
-            else:
+            elif exact < low:
                 wanted = self.low_factor * max(low, 1) / max(exact, 1) * HEADROOM
                 self.low_factor = max(self.low_factor, min(wanted, self._max))
+            else:
+                return False
+            self.violations += int(outside)
             self.exhausted = self.exhausted or wanted > self._max
-        emit("count_bound_exceeded", level="warning", backend=backend, source=estimate.source, origin=origin,
-             estimate=estimate.total, low=low, high=high, exact=exact, widened_by=round(self.factor, 3),
-             high_factor=round(self.high_factor, 3), low_factor=round(self.low_factor, 3), exhausted=self.exhausted)
+        emit("count_bound_exceeded" if outside else "count_bound_learned", level="warning" if outside else "info",
+             backend=backend, source=estimate.source, origin=origin, estimate=estimate.total, low=low, high=high,
+             exact=exact, widened_by=round(self.factor, 3), high_factor=round(self.high_factor, 3),
+             low_factor=round(self.low_factor, 3), exhausted=self.exhausted)
         return True
+
+
+def informative(estimate: TokenCount) -> bool:
+    """Whether an exact count of ``estimate``'s payload tells its ratio: the template slack (the high end past
+    the safe figure) is at most a quarter of the estimate, so the count is mostly text, not framing."""
+    return estimate.interval[1] - estimate.safe <= estimate.total / 4
 
 
 _SHARED: dict[str, EstimateBound] = {}
