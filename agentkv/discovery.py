@@ -42,6 +42,9 @@ from agentkv.state.protocol import SharedWindow, StateStore, StateUnavailable
 __all__ = ["DEFAULT_WINDOW_TTL_S", "WindowDiscovery", "default_discovery", "discovery_for"]
 
 DEFAULT_WINDOW_TTL_S = 900.0
+# A server clamp sends a backend back to its server at most this often (a server capping output on its own
+# clamps every request; its window need not be read every time).
+REREAD_AFTER_CLAMP_S = 30.0
 
 class _Flight:
     """One ``GET /models`` in flight; sync and async latecomers wait for it instead of sending their own."""
@@ -115,6 +118,7 @@ class WindowDiscovery:
         self._flights: dict[tuple[str, str], _Flight] = {}
         self._fallback_warned: set[tuple[str, str]] = set()
         self._contested: set[tuple[str, str]] = set()  # declared windows a server clamp called into question
+        self._reread_at: dict[tuple[str, str], float] = {}  # when a clamp last sent a backend back to its server
         self._corrections: TTLCache[tuple[str, str], int] = TTLCache(maxsize, ttl_s, timer=timer)
         self._lock = threading.Lock()
         self._timer = timer
@@ -197,12 +201,20 @@ class WindowDiscovery:
     def rediscover(self, backend: Backend) -> None:
         """After the server cut a request's output budget (a silent clamp): forget ``backend``'s cached answers
         and corrections, and read its server on the next lookup; a declared window the server's
-        ``max_model_len`` contradicts gives way to it from then on (no I/O here)."""
-        self.invalidate(backend)
+        ``max_model_len`` contradicts gives way to it from then on (no I/O here). A server that keeps cutting
+        budgets (an output cap of its own) is read again at most once per :data:`REREAD_AFTER_CLAMP_S`."""
+        key, now = _key(backend), self._timer()
+        with self._lock:
+            due = now - self._reread_at.get(key, -REREAD_AFTER_CLAMP_S) >= REREAD_AFTER_CLAMP_S
+            if due:
+                self._reread_at[key] = now
+        if due:
+            self.invalidate(backend)
         with self._lock:
             if backend.window is not None and backend.api_base is not None:
-                self._contested.add(_key(backend))
-        emit("window_rediscover", level="warning", backend=backend.label, declared=backend.window)
+                self._contested.add(key)
+        emit("window_rediscover", level="warning" if due else "debug", backend=backend.label,
+             declared=backend.window, reread=due)
 
     def _is_contested(self, backend: Backend) -> bool:
         with self._lock:

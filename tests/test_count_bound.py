@@ -7,7 +7,7 @@ import pytest
 
 from agentkv import Backend, Session, WindowDiscovery
 from agentkv._http import HttpError
-from agentkv.testing import FakeHttp, capture_events, models_answer
+from agentkv.testing import FakeClock, FakeHttp, capture_events, models_answer
 from agentkv.tokens import Payload, TiktokenSource, TokenCount, TokenCounter, payload_from_request
 from agentkv.tokens.bound import EstimateBound
 from agentkv.warm import WarmAheadPolicy
@@ -314,9 +314,10 @@ def test_response_usage_reads_dicts_and_objects():
 
 def test_rediscover_reads_the_server_and_lets_it_overrule_a_declared_window_only_when_it_differs():
     """After a server clamp a declared window is checked against /v1/models: a different max_model_len wins, an
-    equal one leaves it declared; an undeclared backend is simply read again."""
-    fake = FakeVLLM()
-    discovery = WindowDiscovery(http=fake.http)
+    equal one leaves it declared; an undeclared backend is read again, at most once per 30 s however often the
+    server keeps cutting budgets (an output cap of its own)."""
+    fake, clock = FakeVLLM(), FakeClock()
+    discovery = WindowDiscovery(http=fake.http, timer=clock)
     declared, plain = fake.backend("fast", 4096), fake.backend("fast")
     assert discovery.window(declared, model_known=False).source == "declared"
     assert not fake.http.calls
@@ -328,6 +329,9 @@ def test_rediscover_reads_the_server_and_lets_it_overrule_a_declared_window_only
     assert discovery.window(exact, model_known=False).source == "declared"
     assert discovery.window(plain).window == 2048
     fetched = len(fake.http.calls)
+    discovery.rediscover(plain)
+    assert discovery.window(plain).window == 2048 and len(fake.http.calls) == fetched  # read 0 s ago
+    clock.advance(31)
     discovery.rediscover(plain)
     assert discovery.window(plain).window == 2048 and len(fake.http.calls) == fetched + 1
     discovery.invalidate(declared)
