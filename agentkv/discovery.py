@@ -10,6 +10,11 @@ correction are also read from and written to the store, so a window one replica 
 overflow is used by every replica on its next request; while the store is unreachable each process
 falls back to its own cache.
 
+A server that cut a request's output budget silently (vLLM 0.32 answers 200 with ``finish_reason:
+"length"``) holds less than the window the request was routed with: :meth:`WindowDiscovery.rediscover`
+forgets that backend's answers and reads its server on the next lookup, even for a declared window, which
+the server's ``max_model_len`` then replaces.
+
 Usage::
 
     fast = Backend("hosted_vllm/qwen3-8b", api_base="http://127.0.0.1:8001/v1")
@@ -37,6 +42,9 @@ from agentkv.state.protocol import SharedWindow, StateStore, StateUnavailable
 __all__ = ["DEFAULT_WINDOW_TTL_S", "WindowDiscovery", "default_discovery", "discovery_for"]
 
 DEFAULT_WINDOW_TTL_S = 900.0
+# A server clamp sends a backend back to its server at most this often (a server capping output on its own
+# clamps every request; its window need not be read every time).
+REREAD_AFTER_CLAMP_S = 30.0
 
 class _Flight:
     """One ``GET /models`` in flight; sync and async latecomers wait for it instead of sending their own."""
@@ -109,6 +117,8 @@ class WindowDiscovery:
         self._failing: dict[tuple[str, str], _Failing] = {}
         self._flights: dict[tuple[str, str], _Flight] = {}
         self._fallback_warned: set[tuple[str, str]] = set()
+        self._contested: set[tuple[str, str]] = set()  # declared windows a server clamp called into question
+        self._reread_at: dict[tuple[str, str], float] = {}  # when a clamp last sent a backend back to its server
         self._corrections: TTLCache[tuple[str, str], int] = TTLCache(maxsize, ttl_s, timer=timer)
         self._lock = threading.Lock()
         self._timer = timer
@@ -125,7 +135,8 @@ class WindowDiscovery:
         ``model_known=False``, whether its model is known; may ``GET /models`` (cached) and, for cloud
         models, import litellm."""
         shared = self._read_shared(backend, model_known)
-        info = _shared_info(shared) or (self.server_info(backend) if _needs_server(backend, model_known) else None)
+        needed = _needs_server(backend, model_known) or self._is_contested(backend)
+        info = _shared_info(shared) or (self.server_info(backend) if needed else None)
         catalog = catalog_window(backend.model) if _needs_catalog(backend, info, model_known) else None
         return self._resolve(backend, info, catalog, shared)
 
@@ -133,7 +144,7 @@ class WindowDiscovery:
         """:meth:`window` for async callers: HTTP is awaited, litellm's import runs on a worker thread."""
         shared = await self._aread_shared(backend, model_known)
         info = _shared_info(shared)
-        if info is None and _needs_server(backend, model_known):
+        if info is None and (_needs_server(backend, model_known) or self._is_contested(backend)):
             info = await self.aserver_info(backend)
         needed = _needs_catalog(backend, info, model_known)
         catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
@@ -188,6 +199,28 @@ class WindowDiscovery:
         emit("window_stale", level="warning", backend=backend.label, cached=known, server=window)
         self._publish(backend, SharedWindow(correction=window))
 
+    def rediscover(self, backend: Backend) -> None:
+        """After the server cut a request's output budget (a silent clamp): forget ``backend``'s cached answers
+        and corrections, and read its server on the next lookup; a declared window the server's
+        ``max_model_len`` contradicts gives way to it from then on (no I/O here). A server that keeps cutting
+        budgets (an output cap of its own) is read again at most once per :data:`REREAD_AFTER_CLAMP_S`."""
+        key, now = _key(backend), self._timer()
+        with self._lock:
+            due = now - self._reread_at.get(key, -REREAD_AFTER_CLAMP_S) >= REREAD_AFTER_CLAMP_S
+            if due:
+                self._reread_at[key] = now
+        if due:
+            self.invalidate(backend)
+        with self._lock:
+            if backend.window is not None and backend.api_base is not None:
+                self._contested.add(key)
+        emit("window_rediscover", level="warning" if due else "debug", backend=backend.label,
+             declared=backend.window, reread=due)
+
+    def _is_contested(self, backend: Backend) -> bool:
+        with self._lock:
+            return _key(backend) in self._contested
+
     # --------------------------------------------------------------- the shared store (if any)
     def _read_shared(self, backend: Backend, model_known: bool) -> SharedWindow | None:
         if self._state is None or not _shares(backend, model_known):
@@ -233,6 +266,10 @@ class WindowDiscovery:
         """Forget one backend's cached answers, or all of them."""
         with self._lock:
             stores: list[Any] = [self._cache, self._corrections, self._last_good, self._failing]
+            if backend is None:
+                self._contested.clear()
+            else:
+                self._contested.discard(_key(backend))
             for store in stores:
                 if backend is None:
                     store.clear()
@@ -250,8 +287,9 @@ class WindowDiscovery:
         key = _key(backend)
         with self._lock:
             corrected = (shared.correction if shared else None) or self._corrections.get(key)
-        if backend.window is not None and (corrected is None or corrected >= backend.window):
-            return WindowInfo(backend.window, "declared", known)  # a server's refusal only ever lowers it
+        declared = None if self._overruled(backend, info) else backend.window  # a clamp contested it: the server wins
+        if declared is not None and (corrected is None or corrected >= declared):
+            return WindowInfo(declared, "declared", known)  # a server's refusal only ever lowers it
         if corrected is not None:
             return WindowInfo(corrected, "corrected", known)
         if info is not None and info.window is not None:
@@ -259,6 +297,11 @@ class WindowDiscovery:
         source = "catalog" if catalog else "unknown"
         self._warn_fallback(key, backend, source)
         return WindowInfo(catalog, source, known)
+
+    def _overruled(self, backend: Backend, info: ServerInfo | None) -> bool:
+        """A declared window a server clamp contested, and the server reports another."""
+        server = info.window if info is not None else None
+        return server is not None and server != backend.window and self._is_contested(backend)
 
     def _warn_fallback(self, key: tuple[str, str], backend: Backend, source: str) -> None:
         with self._lock:

@@ -17,7 +17,7 @@ COUNTERS = (
     "cached_tokens_unknown",
     "warm_skipped_resident", "warm_rewarm_evicted", "warm_top_up", "warm_skipped_break_even",
     "ledger_predictions", "ledger_predictions_exact", "ledger_predicted_tokens", "ledger_reported_tokens",
-    "ledger_predictions_unknown",
+    "ledger_predictions_unknown", "server_clamps",
 )
 
 

@@ -14,6 +14,13 @@ import uuid
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def fresh_estimate_bounds(monkeypatch):
+    """No estimate bound learned when a test starts (agentkv.tokens.bound keeps one per server and model per
+    process, taught by every answer's usage): one test's fake usage figures never widen another's."""
+    monkeypatch.setattr("agentkv.tokens.bound._SHARED", {})
+
+
 @pytest.fixture(scope="session")
 def servers():
     """Two embedded vLLM-compatible servers (tiny models): fast with a 2048 window, slow with 16384."""

@@ -184,52 +184,25 @@ def _prose(sentences, tag):
             {"role": "user", "content": " ".join(f"Host {tag}-{i} saw latency rise after compaction." for i in range(sentences))}]
 
 
-def test_an_exact_count_outside_the_interval_widens_it_for_later_turns(doubling_server):
-    """Against a server counting twice what cl100k does, a turn whose estimate interval looks safe is routed
-    on the estimate (wrongly) until an exact count near the boundary falls outside its interval; from then on
-    every Session on that server asks /tokenize for the same shape and routes as the all-exact path does."""
+def test_a_first_exact_count_outside_the_interval_widens_it_for_later_turns(doubling_server):
+    """Against a server counting twice what cl100k does, the first request (the ratio still unknown) is counted
+    exactly instead of being routed on a safe-looking estimate; the count falls outside the interval and widens
+    it, so later Sessions on that server route as the all-exact path does and still decide small turns on the
+    estimate alone."""
     fast = Backend("hosted_vllm/doubling-tiny", api_base=doubling_server.api_base, name="fast")
     slow = Backend("hosted_vllm/big", api_base="http://127.0.0.1:9/v1", window=65536, name="slow")  # never called
 
     def session(**kwargs):
         return Session(fast, slow, warm_ahead=WarmAheadPolicy(threshold=0.95), count_with_server=True, **kwargs)
 
-    short, near = _prose(190, "a"), _prose(310, "b")  # estimates ~2.1K (safe-looking) and ~3.5K (near 3840)
-    with session() as before:
-        assert before.route(messages=short).role == "fast"  # decided on the unwidened estimate
-        assert before.counters["fast"].exact_asked == 0
-    with session() as learner, capture_events() as events:
-        assert learner.route(messages=near).role == "slow"  # asked /tokenize: the count fell outside
+    short, near, small = _prose(190, "a"), _prose(310, "b"), _prose(20, "c")  # estimates ~2.1K, ~3.5K, ~0.3K
+    with session() as first, capture_events() as events:
+        assert first.route(messages=short).role == "slow"  # counted exactly: ~4.2K, over 4096 - 256
+        assert first.counters["fast"].exact_asked == 1
     assert [e for e in events if e["event"] == "count_bound_exceeded"][0]["widened_by"] > 1.5
     with session() as after, session(count_exactly=True) as exact:
-        decision = after.route(messages=short)
-        assert decision == exact.route(messages=short) and decision.role == "slow"
-        assert after.counters["fast"].exact_asked == 1
-
-
-def test_the_estimate_bound_widens_within_its_limit_and_then_gives_up():
-    """A violation widens the factor to hold the count with 10% headroom; past 4x the bound is exhausted and
-    its counter asks the exact source for every decision."""
-    from agentkv.tokens.bound import EstimateBound
-
-    bound = EstimateBound()
-    assert not bound.observe(100, 200, 150) and bound.factor == 1.0
-    assert bound.observe(100, 200, 300) and bound.factor == pytest.approx(1.65)
-    assert bound.widened(100, 200) == (60, 330) and not bound.exhausted
-    assert bound.observe(60, 330, 40) and bound.factor == pytest.approx(1.65 * 1.5 * 1.1) and not bound.exhausted
-    assert bound.observe(10, 20, 200) and bound.factor == 4.0 and bound.exhausted
-
-
-def test_the_estimate_bound_is_learned_per_server_and_model():
-    """Widening learned on one model does not widen another model behind the same URL (or with the same label),
-    and only ever grows: a later in-bound count never narrows it."""
-    from agentkv.tokens import TokenCounter
-
-    def counter(model, name=None):
-        return TokenCounter.for_backend(Backend(model, api_base="http://127.0.0.1:9/v1", name=name, window=4096))
-
-    wide, other, same = counter("hosted_vllm/bound-a", "b"), counter("hosted_vllm/bound-b", "b"), counter("hosted_vllm/bound-a")
-    assert wide.bound is same.bound and wide.bound is not other.bound
-    assert wide.bound.observe(100, 200, 300) and other.bound.factor == 1.0
-    grown = wide.bound.factor
-    assert not wide.bound.observe(*wide.bound.widened(100, 200), 150) and wide.bound.factor == grown
+        decision = after.route(messages=near)
+        assert decision == exact.route(messages=near) and decision.role == "slow"
+        routed, counted = after.route(messages=small), exact.route(messages=small)
+        assert (routed.backend, routed.reason) == (counted.backend, counted.reason) == ("fast", "fits")
+        assert routed.count_source == "tiktoken" and after.counters["fast"].exact_asked == 1

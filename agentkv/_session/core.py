@@ -19,6 +19,7 @@ from agentkv._session.escalation import Handoff, schedule_warm_prefix_check
 from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, request_payload, to_facts
 from agentkv._session.prediction import Prediction, schedule_prediction
 from agentkv._session.record import Recorder
+from agentkv._session.responses import Usage, server_clamped
 from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery, discovery_for
 from agentkv.errors import ContextOverflowError
@@ -132,15 +133,21 @@ class SessionCore:
                                  policy=self.routing, warm_threshold=warm)
 
     def _recount(self, attempt: Attempt) -> TokenCount:
-        """The failed backend's count of the request: fast's exact count is reused, others are asked."""
+        """The failed backend's count of the request: fast's exact count is reused, others are asked (and an
+        exact answer teaches that backend's estimate bound)."""
         if attempt.count.exact and attempt.backend is self.fast:
             return attempt.count
-        return self._counter(attempt.backend).count(attempt.payload)
+        return self._learned(attempt, self._counter(attempt.backend).count(attempt.payload))
 
     async def _arecount(self, attempt: Attempt) -> TokenCount:
         if attempt.count.exact and attempt.backend is self.fast:
             return attempt.count
-        return await self._counter(attempt.backend).acount(attempt.payload)
+        return self._learned(attempt, await self._counter(attempt.backend).acount(attempt.payload))
+
+    def _learned(self, attempt: Attempt, count: TokenCount) -> TokenCount:
+        if count.exact:
+            self._counter(attempt.backend).learn(attempt.payload, count.total, origin="recovery")
+        return count
 
     # ----------------------------------------------------------------- planning (no I/O below here)
 
@@ -206,11 +213,27 @@ class SessionCore:
         escalation = is_escalation(self._record.previous_role, attempt.decision)
         warmed = self._warm.warmed
         prediction = self._predict(attempt, asynchronous)
+
+        def on_usage(usage: Usage) -> None:
+            if prediction is not None:
+                prediction.reported(usage.cached_tokens)
+            self._answered_usage(attempt, usage)
+
         result = self._record.finish(attempt, response, escalation=escalation, after_warm=warmed is not None,
-                                     on_cached=prediction.reported if prediction is not None else None)
+                                     on_usage=on_usage)
         if escalation and warmed is not None:
             self._check_warm_prefix(warmed, attempt, asynchronous)
         return result
+
+    def _answered_usage(self, attempt: Attempt, usage: Usage) -> None:
+        """What an answer's usage teaches: the server's exact prompt count trains the backend's estimate bound,
+        and a silent server clamp (vLLM 0.32: 200, ``finish_reason`` "length", fewer tokens than sent) is
+        recorded and sends discovery back to the server for the real window."""
+        if usage.prompt_tokens is not None:
+            self._counter(attempt.backend).learn(attempt.payload, usage.prompt_tokens, origin="usage")
+        if server_clamped(usage, attempt.decision.max_tokens):
+            self._record.server_clamp(attempt, usage, session=self.session_id, tenant=self.tenant)
+            self.discovery.rediscover(attempt.backend)
 
     def _predict(self, attempt: Attempt, asynchronous: bool) -> Prediction | None:
         """Start the ledger's prediction for a request to a backend it follows (worked out in the background)."""

@@ -1,4 +1,4 @@
-"""What a Session records about its requests: counters by route, the per-turn ledger, escalations.
+"""What a Session records about its requests: counters by route, the per-turn ledger, escalations, server clamps.
 
 Recording never changes what is sent and does no I/O; it runs after a response (or when a stream
 reports its usage). Whether an answered request was the escalation is decided by
@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
-from agentkv._session.responses import StreamWatcher, response_cached_tokens
+from agentkv._session.responses import StreamWatcher, Usage, response_usage
+from agentkv.events import emit
 from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tokens import TokenCount
@@ -29,10 +30,10 @@ class Recorder:
         self.previous_role: Role | None = None
 
     def finish(self, attempt: Attempt, response: Any, *, escalation: bool, after_warm: bool,
-               on_cached: Callable[[int | None], None] | None = None) -> Any:
+               on_usage: Callable[[Usage], None] | None = None) -> Any:
         """Count the answered request, add its ledger row, and record its cached tokens (now, or when a
         stream reports usage). ``escalation``: it was the move to slow; ``after_warm``: a warm preceded it;
-        ``on_cached`` is also handed the cached tokens once they are known."""
+        ``on_usage`` is also handed the answer's :class:`Usage` once it is known."""
         decision = attempt.decision
         self.stats.request(decision.backend)
         if decision.reason in _REASON_COUNTERS:
@@ -43,15 +44,24 @@ class Recorder:
         entry = self._append(attempt.count, decision.backend, decision.reason, attempt.warm)
         self.previous_role = decision.role
 
-        def cached(tokens: int | None) -> None:
-            self._cached(entry, tokens, escalation)
-            if on_cached is not None:
-                on_cached(tokens)
+        def answered(usage: Usage) -> None:
+            self._cached(entry, usage.cached_tokens, escalation)
+            if on_usage is not None:
+                on_usage(usage)
 
         if attempt.kwargs.get("stream"):
-            return StreamWatcher(response, cached)
-        cached(response_cached_tokens(response))
+            return StreamWatcher(response, answered)
+        answered(response_usage(response))
         return response
+
+    def server_clamp(self, attempt: Attempt, usage: Usage, *, session: str, tenant: str | None) -> None:
+        """Record that the server cut the output budget it was sent (sizes only: no prompt text)."""
+        self.stats.add("server_clamps")
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        emit("server_clamp", level="warning", backend=attempt.backend.label, max_tokens=attempt.decision.max_tokens,
+             completion_tokens=completion, prompt_tokens=prompt, window=attempt.decision.window,
+             server_window=None if prompt is None or completion is None else prompt + completion,
+             session=session, tenant=tenant)
 
     def observed(self, count: TokenCount, backend: str, warm: str) -> LedgerEntry:
         """The ledger row of a request sent outside the Session."""

@@ -1,18 +1,56 @@
-"""Reading what a backend answered: cached tokens from a response, and a stream that reports its usage."""
+"""Reading what a backend answered: its usage and finish reason, a stream that reports them, and what they say.
+
+:func:`server_clamped` is the pure reading of a silent server clamp: vLLM 0.32 no longer rejects a prompt
+plus ``max_tokens`` over its window, it cuts the budget and answers 200 with ``finish_reason: "length"``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["StreamWatcher", "read_field", "response_cached_tokens"]
+__all__ = ["StreamWatcher", "Usage", "read_field", "response_cached_tokens", "response_usage", "server_clamped"]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an answer reported: its ``usage`` counts (None where absent) and its first choice's finish reason."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+
+
+def response_usage(response: Any, *, finish_reason: str | None = None) -> Usage:
+    """The :class:`Usage` of a litellm response, an OpenAI JSON answer or a stream's usage chunk (a dict or an
+    object); ``finish_reason`` is used when the answer carries none (a stream reports it in an earlier chunk)."""
+    usage = read_field(response, "usage")
+    return Usage(_int(read_field(usage, "prompt_tokens")), _int(read_field(usage, "completion_tokens")),
+                 response_cached_tokens(response), first_finish_reason(response) or finish_reason)
 
 
 def response_cached_tokens(response: Any) -> int | None:
     """``usage.prompt_tokens_details.cached_tokens`` of a litellm response (or dict), when reported."""
     usage = read_field(response, "usage")
     details = read_field(usage, "prompt_tokens_details")
-    cached = read_field(details, "cached_tokens")
-    return int(cached) if isinstance(cached, int) else None
+    return _int(read_field(details, "cached_tokens"))
+
+
+def first_finish_reason(response: Any) -> str | None:
+    """The first choice's ``finish_reason`` (None when absent: a usage-only stream chunk has no choices)."""
+    choices = read_field(response, "choices")
+    if not isinstance(choices, (list, tuple)) or not choices:
+        return None
+    reason = read_field(choices[0], "finish_reason")
+    return reason if isinstance(reason, str) else None
+
+
+def server_clamped(usage: Usage, sent_max_tokens: int | None) -> bool:
+    """True when the server cut the output budget it was sent: it finished on ``"length"`` having produced
+    fewer completion tokens than ``sent_max_tokens`` (None: no budget was sent, so nothing was cut)."""
+    return (sent_max_tokens is not None and usage.finish_reason == "length" and usage.completion_tokens is not None
+            and usage.completion_tokens < sent_max_tokens)
 
 
 def read_field(obj: Any, name: str) -> Any:
@@ -24,25 +62,33 @@ def read_field(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class StreamWatcher:
     """Wraps a litellm stream (sync or async), passing every chunk through unchanged.
 
-    When a chunk carries ``usage`` (``stream_options={"include_usage": True}``), its cached tokens are
-    handed to ``on_usage`` once; every other attribute is the wrapped stream's.
+    When a chunk carries ``usage`` (``stream_options={"include_usage": True}``), its :class:`Usage` (with the
+    finish reason an earlier chunk gave) is handed to ``on_usage`` once; every other attribute is the wrapped
+    stream's.
     """
 
-    def __init__(self, stream: Any, on_usage: Callable[[int | None], None]) -> None:
+    def __init__(self, stream: Any, on_usage: Callable[[Usage], None]) -> None:
         self._stream = stream
         self._on_usage = on_usage
         self._reported = False
+        self._finish_reason: str | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
     def _see(self, chunk: Any) -> Any:
-        if not self._reported and read_field(chunk, "usage") is not None:
-            self._reported = True
-            self._on_usage(response_cached_tokens(chunk))
+        if not self._reported:
+            self._finish_reason = first_finish_reason(chunk) or self._finish_reason
+            if read_field(chunk, "usage") is not None:
+                self._reported = True
+                self._on_usage(response_usage(chunk, finish_reason=self._finish_reason))
         return chunk
 
     def __iter__(self) -> "StreamWatcher":

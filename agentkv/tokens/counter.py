@@ -16,12 +16,13 @@ builder sends (:func:`payload_from_request`).
 Estimate first (:meth:`TokenCounter.count_for`): the local sources (template, tiktoken, characters)
 answer at once with an interval that holds the exact count (:attr:`TokenCount.interval`); the server
 is asked only when the caller's ``decides(low, high)`` says a decision could change inside it
-(:func:`agentkv.routing.interval_decides`).
+(:func:`agentkv.routing.interval_decides`), and for a backend's first request in the process, before any exact
+count has shown how far its tokenizer is from the estimate's (:mod:`agentkv.tokens.bound`, which every exact
+count teaches: :meth:`TokenCounter.learn`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable, Sequence
 
 from agentkv._http import HttpTransport
@@ -71,13 +72,10 @@ class TokenCounter:
                    bound=shared_bound(f"{backend.server_root or backend.label}|{backend.served_model}"))
 
     def estimate(self, payload: Payload) -> TokenCount:
-        """The best count the local sources give (exact from a declared template), with its interval (widened
-        by :attr:`bound` after exact counts fell outside earlier ones)."""
-        count = _first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload, self._label)
-        if count.exact or self.bound.factor == 1.0:
-            return count
-        low, high = self.bound.widened(*count.interval)
-        return replace(count, low=low, high=high)
+        """The best count the local sources give (exact from a declared template), with its interval and safe
+        figure widened by :attr:`bound` after exact counts fell outside earlier ones."""
+        return self.bound.apply(_first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload,
+                                             self._label))
 
     def count_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
         """The estimate when ``decides(low, high)`` says its interval is enough, else :meth:`count`."""
@@ -95,20 +93,27 @@ class TokenCounter:
         self.exact_asked += 1
         return self._checked(estimate, await self.acount(payload))
 
+    def learn(self, payload: Payload, exact: int, *, origin: str = "usage") -> bool:
+        """Teach :attr:`bound` an exact count of ``payload`` taken elsewhere (a response's ``usage.prompt_tokens``,
+        the count taken while recovering from an overflow); True when it fell outside the estimate's interval."""
+        return self.bound.learn(self.estimate(payload), exact, backend=self._label, origin=origin)
+
     def _checked(self, estimate: TokenCount, counted: TokenCount) -> TokenCount:
         """When an exact count falls outside the estimate's interval (the bound's assumption failed), say so and
-        widen later intervals so that this count would have fallen inside (:class:`EstimateBound`)."""
-        low, high = estimate.interval
-        if not estimate.exact and counted.exact and self.bound.observe(low, high, counted.total):
-            emit("count_bound_exceeded", level="warning", backend=self._label, source=estimate.source,
-                 estimate=estimate.total, low=low, high=high, exact=counted.total,
-                 widened_by=round(self.bound.factor, 3), exhausted=self.bound.exhausted)
+        widen later intervals so that this count would have fallen inside (:class:`EstimateBound`); when no
+        exact source answered, the (widened) estimate."""
+        if not counted.exact:
+            return estimate
+        self.bound.learn(estimate, counted.total, backend=self._label, origin="tokenize")
         return counted
 
     def _estimate_suffices(self, estimate: TokenCount, decides: Callable[[int, int], bool]) -> bool:
+        """The estimate is enough when it is exact, when no exact source exists, or once the bound has seen an
+        exact count of this backend (a first request is counted exactly) and ``decides`` says so."""
         if estimate.exact or not any(isinstance(s, ServerSource) and not s.unsupported for s in self.sources):
             return True
-        return self.estimate_first and not self.bound.exhausted and decides(*estimate.interval)
+        bound = self.bound
+        return self.estimate_first and bound.known and not bound.exhausted and decides(*estimate.interval)
 
     def count(self, payload: Payload) -> TokenCount:
         """The best count any source can give; a failing source is logged and skipped."""
