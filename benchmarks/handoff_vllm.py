@@ -81,7 +81,7 @@ def connector_pair(models: Any, mapper: Path, *, window: int) -> Any:
     import tempfile
 
     from agentkv.vllm import connector_config, connector_pythonpath
-    from agentkv.vllm_cpu import VLLMServer, ensure_venv
+    from agentkv.vllm_cpu import VLLMServer, ensure_venv, start_all
 
     @contextlib.contextmanager
     def pair() -> Any:
@@ -92,10 +92,7 @@ def connector_pair(models: Any, mapper: Path, *, window: int) -> Any:
         slow = VLLMServer(python, models.slow, window=window, served_name="slow", kv_cache_gib=2,
                           kv_transfer=connector_config(store, mappers={"fast": mapper}), extra_env=env)
         try:
-            fast.launch()
-            slow.launch()
-            fast.wait_ready()
-            slow.wait_ready()
+            start_all(fast, slow)
             yield Pair(fast, slow, mapper)
         finally:
             fast.stop()

@@ -37,7 +37,7 @@ from agentkv.warm import CooldownMap
 def connector_servers(mapper: Path) -> Iterator[tuple[Any, Any]]:
     """Fast (2048-token window) and slow (8192) real vLLM servers with AgentKVConnector and one store."""
     from agentkv.vllm import connector_config, connector_pythonpath
-    from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv
+    from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv, start_all
 
     python, models, store = ensure_venv(quiet=False), ensure_models(), Path(tempfile.mkdtemp(prefix="agentkv-kv-"))
     env = {"PYTHONPATH": str(connector_pythonpath())}
@@ -47,10 +47,7 @@ def connector_servers(mapper: Path) -> Iterator[tuple[Any, Any]]:
                       kv_transfer=connector_config(store, mappers={"fast": mapper}))
     print("starting two real vLLM CPU servers with AgentKVConnector (about a minute)...", flush=True)
     try:
-        fast.launch()
-        slow.launch()
-        fast.wait_ready()
-        slow.wait_ready()
+        start_all(fast, slow)
         yield fast, slow
     finally:
         fast.stop()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence, Union
 
 from agentkv.handoff.signature import ModelSignature, SignaturePair
+from agentkv.prefix import common_prefix
 from agentkv.vllm.params import TransferRequest, handoff_salt_from_digest, salt_digest
 from agentkv.vllm.store import ExportManifest, Lookup
 
@@ -93,15 +94,6 @@ def _salt(inputs: ImportInputs, manifest: ExportManifest) -> str | None:
 
 
 CHECKS: tuple[Check, ...] = (_model, _salt)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def plan_import(inputs: ImportInputs) -> ImportPlan:

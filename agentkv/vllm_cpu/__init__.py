@@ -12,7 +12,7 @@ Nothing here imports vLLM: the server runs in the venv's own interpreter, in a p
 
 from agentkv.vllm_cpu.install import VLLM_VERSION, ensure_venv, venv_python
 from agentkv.vllm_cpu.models import CHAT_TEMPLATE, TierModels, ensure_models
-from agentkv.vllm_cpu.server import VLLMServer, VLLMStartError
+from agentkv.vllm_cpu.server import VLLMServer, VLLMStartError, free_port, kv_events_config, start_all
 
 __all__ = ["CHAT_TEMPLATE", "VLLM_VERSION", "TierModels", "VLLMServer", "VLLMStartError", "ensure_models",
-           "ensure_venv", "venv_python"]
+           "ensure_venv", "free_port", "kv_events_config", "start_all", "venv_python"]

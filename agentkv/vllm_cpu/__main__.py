@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import time
 
-from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv
+from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv, start_all
 from agentkv.vllm_cpu.server import kv_events_config
 
 
@@ -21,10 +21,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
     try:
-        fast.launch()
-        slow.launch()
-        fast.wait_ready()
-        slow.wait_ready()
+        start_all(fast, slow)
         print(f"fast {fast.base_url}  slow {slow.base_url}  ({time.monotonic() - started:.0f} s); Ctrl-C stops",
               flush=True)
         while fast.alive and slow.alive:

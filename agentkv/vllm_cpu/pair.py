@@ -19,7 +19,7 @@ import httpx
 
 from agentkv.vllm_cpu.install import ensure_venv
 from agentkv.vllm_cpu.models import ensure_models
-from agentkv.vllm_cpu.server import VLLMServer, free_port, kv_events_config
+from agentkv.vllm_cpu.server import VLLMServer, free_port, kv_events_config, start_all
 
 __all__ = ["EngineCounters", "RealModel", "real_pair"]
 
@@ -90,10 +90,7 @@ def real_pair(*, fast_window: int, slow_window: int, slow_events: bool = False,
     slow = VLLMServer(python, models.slow, window=slow_window, served_name="agentkv-vllm-slow", threads_bind="1",
                       kv_cache_gib=kv_cache_gib, kv_events=kv_events_config(*events) if events else None)
     try:
-        fast.launch()
-        slow.launch()
-        fast.wait_ready()
-        slow.wait_ready()
+        start_all(fast, slow)
         endpoints = (KVEventEndpoints(f"tcp://127.0.0.1:{events[0]}", f"tcp://127.0.0.1:{events[1]}")
                      if events else None)
         yield RealModel(fast), RealModel(slow, endpoints)

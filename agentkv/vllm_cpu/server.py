@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-__all__ = ["VLLMServer", "VLLMStartError", "free_port"]
+__all__ = ["VLLMServer", "VLLMStartError", "free_port", "kv_events_config", "start_all"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -193,3 +193,17 @@ def kv_events_config(port: int, replay_port: int | None = None, *, topic: str = 
     if replay_port is not None:
         config["replay_endpoint"] = f"tcp://*:{replay_port}"
     return config
+
+
+def start_all(*servers: VLLMServer) -> tuple[VLLMServer, ...]:
+    """Launch every server, then wait for each (they boot in parallel); on any failure stop them all and raise."""
+    try:
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_ready()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

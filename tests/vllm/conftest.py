@@ -94,21 +94,15 @@ def vllm_pair(request):
         return
     python = request.getfixturevalue("vllm_python")
     models = request.getfixturevalue("vllm_models")
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError
-    from agentkv.vllm_cpu.server import free_port, kv_events_config
+    from agentkv.vllm_cpu import VLLMServer, VLLMStartError, free_port, kv_events_config, start_all
 
     events, replay = free_port(), free_port()
     fast = VLLMServer(python, models.fast, window=2048, served_name="fast", threads_bind="0")
     slow = VLLMServer(python, models.slow, window=8192, served_name="slow", threads_bind="1",
                       kv_events=kv_events_config(events, replay))
     try:
-        fast.launch()
-        slow.launch()
-        fast.wait_ready()
-        slow.wait_ready()
+        start_all(fast, slow)
     except VLLMStartError as exc:
-        fast.stop()
-        slow.stop()
         _unavailable(str(exc))
     try:
         yield (RealServer("fast", fast.port, 2048), RealServer("slow", slow.port, 8192, events, replay))

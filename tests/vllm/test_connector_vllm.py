@@ -48,7 +48,7 @@ def pair(request, tmp_path_factory):
     python = request.getfixturevalue("vllm_python")
     models = request.getfixturevalue("vllm_models")
     from agentkv.vllm import connector_config, connector_pythonpath
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError
+    from agentkv.vllm_cpu import VLLMServer, VLLMStartError, start_all
 
     from agentkv.handoff.calibrated import ensure_calibrated
 
@@ -61,13 +61,8 @@ def pair(request, tmp_path_factory):
     slow = VLLMServer(python, models.slow, window=8192, served_name="slow", threads_bind="nobind",
                       kv_transfer=connector_config(store, mappers={"fast": mapper}), extra_env=env)
     try:
-        fast.launch()
-        slow.launch()
-        fast.wait_ready()
-        slow.wait_ready()
+        start_all(fast, slow)
     except VLLMStartError as exc:
-        fast.stop()
-        slow.stop()
         pytest.fail(f"vLLM with AgentKVConnector did not start: {exc}", pytrace=False)
     try:
         yield Pair(fast.root, slow.root, store, mapper, (fast, slow))
