@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
@@ -28,7 +28,7 @@ from agentkv.events import emit
 from agentkv.local import kv
 from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
 from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, token_logprob
-from agentkv.local.limits import ContextLengthExceeded, check_length
+from agentkv.local.limits import ContextLengthExceeded, engine_check
 from agentkv.local.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
 from agentkv.local.prefix_cache import PrefixCache
 from agentkv.local.sampling import SamplingParams, StopChecker, TokenLogprob
@@ -253,7 +253,7 @@ class LocalEngine:
         temperature: float = 0.0, seed: int | None = None, params: SamplingParams | None = None,
         abort: threading.Event | None = None,
     ) -> Generation:
-        """Run one request to completion (raises :class:`ContextLengthExceeded` when it does not fit)."""
+        """Run one request to completion (raises :class:`ContextLengthExceeded` when the prompt leaves no room)."""
         for item in self.stream(token_ids, max_tokens, cache_salt=cache_salt, temperature=temperature, seed=seed,
                                 params=params, abort=abort):
             if isinstance(item, Generation):
@@ -276,9 +276,12 @@ class LocalEngine:
         if params is None:
             params = SamplingParams(max_tokens=int(max_tokens or 0), temperature=temperature,
                                     seed=0 if seed is None else seed)
-        error = check_length(len(prompt), params.max_tokens, self.max_model_len)
+        error = engine_check(len(prompt), self.max_model_len)
         if error is not None:
             raise ContextLengthExceeded(error)
+        room = self.max_model_len - len(prompt)
+        if params.max_tokens > room:  # the window ends generation ("length"), as vLLM's scheduler caps it
+            params = replace(params, max_tokens=room)
         return self._run(prompt, params, cache_salt, abort or threading.Event())
 
     def prefill_logits(self, token_ids: Sequence[int], cache_salt: str | None = None) -> tuple[torch.Tensor, int]:

@@ -25,14 +25,8 @@ from agentkv.local.completions import completion_events, completion_whole, plan_
 from agentkv.local.engine import LocalEngine
 from agentkv.local.grammar import GrammarSpec
 from agentkv.local.limits import error_body
-from agentkv.local.requests import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    RequestError,
-    TokenizeRequest,
-    parse,
-)
+from agentkv.local.request_errors import UNPARSABLE_BODY, RequestError, validation_error
+from agentkv.local.requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
 from agentkv.local.validation import check_token_ids
 
 
@@ -104,7 +98,7 @@ class Reply:
 
 def _check_model(served: Served, model: str | None) -> None:
     if model is not None and model != served.model_id:
-        raise protocol.model_not_found(model)
+        raise protocol.model_not_found(model, served.model_id)
 
 
 def list_models(served: Served, body: Any, reply: Reply) -> Reply:
@@ -155,6 +149,8 @@ def tokenize(served: Served, body: Any, reply: Reply) -> Reply:
     _check_model(served, request.model)
     engine = served.engine
     if request.messages is not None:
+        if not request.messages:
+            raise RequestError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         chat = ChatRequest([m.model_dump(exclude_none=True) for m in request.messages],
                            [t.model_dump(exclude_none=True) for t in request.tools or []] or None, None,
                            request.add_generation_prompt, request.continue_final_message,
@@ -250,12 +246,16 @@ _JSON_BODY = {"/v1/chat/completions", "/v1/completions", "/invocations", "/token
 
 
 def _parse_body(raw: bytes) -> Any:
+    """The JSON body (None when empty); a syntax error or a nesting too deep to parse is a 400, as FastAPI's."""
     if not raw.strip():
         return None
     try:
         return json.loads(raw)
-    except ValueError as exc:
-        raise RequestError(f"Invalid JSON in request body: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise validation_error([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+                                 "input": {}, "ctx": {"error": exc.msg}}]) from None
+    except (ValueError, RecursionError):  # not UTF-8, or nested past the recursion limit: never a 500
+        raise RequestError("There was an error parsing the body", body=UNPARSABLE_BODY) from None
 
 
 def _check_content_type(path: str, content_type: str | None) -> None:
@@ -263,7 +263,7 @@ def _check_content_type(path: str, content_type: str | None) -> None:
     if content_type is None or path not in _JSON_BODY:
         return
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        raise RequestError("[\"Unsupported Media Type: Only 'application/json' is allowed\"]")
+        raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
 
 
 def handle(served: Served, method: str, path: str, raw: bytes, content_type: str | None = None) -> Reply:
