@@ -7,12 +7,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentkv.local.codec import TiktokenCodec  # noqa: E402
-from agentkv.local.decoding import logit_bias  # noqa: E402
+from agentkv.local.engine.codec import TiktokenCodec  # noqa: E402
+from agentkv.local.engine.decoding import logit_bias  # noqa: E402
 from agentkv.local.engine import Delta, Generation, LocalEngine  # noqa: E402
-from agentkv.local.limits import ContextLengthExceeded  # noqa: E402
-from agentkv.local.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model  # noqa: E402
-from agentkv.local.sampling import SamplingParams  # noqa: E402
+from agentkv.local.engine.limits import ContextLengthExceeded  # noqa: E402
+from agentkv.local.engine.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model  # noqa: E402
+from agentkv.local.engine.sampling import SamplingParams  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "You are a careful assistant that answers briefly. " * 8},
@@ -239,7 +239,7 @@ def test_fair_lock_grants_in_arrival_order():
     import threading
     import time
 
-    from agentkv.local.scheduler import FairLock
+    from agentkv.local.engine.scheduler import FairLock
 
     lock, order, cancel = FairLock(), [], threading.Event()
     lock.acquire()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentkv.local.limits import (
+from agentkv.local.engine.limits import (
     check_length,
     engine_check,
     output_over_window,

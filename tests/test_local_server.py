@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
+from agentkv.local.engine.models import build_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 
 MODEL_ID = "agentkv-tiny"

@@ -5,7 +5,7 @@ fields are accepted and ignored, ``seed`` must fit int64, ``tool_choice`` must a
 structured-output constraint at most, ``stream_options`` only with ``stream``. :func:`parse` turns any failure
 into a :class:`RequestError` (400 with vLLM's error JSON, a schema failure shaped as vLLM's validation handler
 shapes it), never an exception a server would answer with 500.
-The checks that need the served model (vocabulary, ``max_logprobs``) are in :mod:`agentkv.local.validation`.
+The checks that need the served model (vocabulary, ``max_logprobs``) are in :mod:`agentkv.local.server.validation`.
 
 Usage::
 
@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentkv.local.request_errors import ParamError, RequestError, validation_error
+from agentkv.local.server.request_errors import ParamError, RequestError, validation_error
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

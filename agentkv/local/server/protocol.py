@@ -1,6 +1,6 @@
 """vLLM's OpenAI-compatible responses as pure functions: completion objects, stream chunks, logprobs, usage.
 
-Nothing here touches a model or a socket; :mod:`agentkv.local.routes` decides what to send and these build it.
+Nothing here touches a model or a socket; :mod:`agentkv.local.server.routes` decides what to send and these build it.
 Shapes follow vLLM's ``ChatCompletionResponse``/``CompletionResponse`` and their stream chunks: a message's
 ``tool_calls`` is left out when there are none (the SDK then reads None), ``stop_reason`` rides with
 ``finish_reason``, and ``usage.prompt_tokens_details`` is filled only when the server enables it.
@@ -17,8 +17,8 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any, Callable, Mapping, Sequence
 
-from agentkv.local.request_errors import RequestError
-from agentkv.local.sampling import TokenLogprob
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.engine.sampling import TokenLogprob
 
 TokenText = Callable[[int], str]
 """One token id's own text (what logprob entries name a token by)."""

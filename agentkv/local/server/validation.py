@@ -2,7 +2,7 @@
 
 vLLM makes these checks after parsing, against the loaded model: ``SamplingParams._verify_args`` (ranges of
 ``n``, ``temperature``, ``top_p``, ``min_tokens``...), the engine's vocabulary checks for ``logit_bias`` and
-``stop_token_ids``, and ``--max-logprobs``. Every failure is a :class:`~agentkv.local.requests.RequestError`
+``stop_token_ids``, and ``--max-logprobs``. Every failure is a :class:`~agentkv.local.server.requests.RequestError`
 with vLLM's message ``... (parameter=NAME, value=VALUE)``.
 
 Usage::
@@ -18,10 +18,10 @@ import math
 import random
 from typing import Any, Mapping, Sequence
 
-from agentkv.local.grammar import GrammarSpec
-from agentkv.local.request_errors import RequestError
-from agentkv.local.requests import SamplingFields
-from agentkv.local.sampling import SamplingParams
+from agentkv.local.engine.grammar import GrammarSpec
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.server.requests import SamplingFields
+from agentkv.local.engine.sampling import SamplingParams
 
 MAX_LOGIT_BIAS = 100.0
 

@@ -6,7 +6,7 @@ look-alikes encoded as text) with agentkv's ChatML/Qwen template, so the engine 
 chat template.
 
 Chat prompts are rendered to text and then encoded without special tokens, as vLLM does for chat requests; the
-messages reach the template as vLLM passes them (:mod:`agentkv.local.chat_format`: content parts joined with
+messages reach the template as vLLM passes them (:mod:`agentkv.local.engine.chat_format`: content parts joined with
 ``"\n"`` unless the template iterates over content, tool-call arguments parsed).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from agentkv.local.chat_format import content_format, template_messages
+from agentkv.local.engine.chat_format import content_format, template_messages
 from agentkv.tokens import encodings
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from agentkv.local.limits import error_body
+from agentkv.local.engine.limits import error_body
 
 __all__ = ["UNPARSABLE_BODY", "ParamError", "RequestError", "clean_loc", "validation_error"]
 

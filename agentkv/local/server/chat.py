@@ -13,25 +13,18 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from agentkv.local import protocol, tools
-from agentkv.local.codec import ChatRequest
 from agentkv.local.engine import Delta, Generation
-from agentkv.local.grammar import GrammarError, GrammarSpec, bounded
-from agentkv.local.limits import (
-    LengthError,
-    output_over_window,
-    prompt_over_window,
-    resolve_max_tokens,
-    text_over_window,
-)
-from agentkv.local.request_errors import RequestError
-from agentkv.local.requests import ChatCompletionRequest
-from agentkv.local.validation import grammar_spec, sampling_params
-from agentkv.local.sampling import SamplingParams
+from agentkv.local.engine.codec import ChatRequest
+from agentkv.local.engine.limits import output_over_window, resolve_max_tokens
+from agentkv.local.engine.sampling import SamplingParams
+from agentkv.local.server import protocol, tools
+from agentkv.local.server.prompts import compile_constraint, refuse, token_text, tokenize_text
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.server.requests import ChatCompletionRequest
+from agentkv.local.server.validation import grammar_spec, sampling_params
 
 if TYPE_CHECKING:
-    from agentkv.local.engine import LocalEngine
-    from agentkv.local.routes import Served
+    from agentkv.local.server.served import Served
 
 _TAG = "<tool_call>"
 
@@ -69,30 +62,6 @@ class ChatPlan:
         if self.tool_choice == "auto":
             return "parse"
         return "required" if self.tool_choice == "required" else "named"
-
-
-def compile_constraint(served: Served, spec: GrammarSpec | None) -> Any:
-    """The compiled grammar for ``spec`` (None for none), bounded unless the server says not; a bad one is a 400."""
-    if spec is None:
-        return None
-    try:
-        return served.compile_grammar(bounded(spec) if served.options.bound_json else spec)
-    except GrammarError as exc:
-        raise RequestError(str(exc), param="structured_outputs") from None
-
-
-def refuse(error: LengthError | None) -> None:
-    """Raise a window error as the 400 it is answered with."""
-    if error is not None:
-        raise RequestError(error.message, param=error.param)
-
-
-def tokenize_text(engine: LocalEngine, text: str, max_model_len: int, add_special_tokens: bool) -> list[int]:
-    """``text``'s token ids, after vLLM's character pre-check and with its prompt-over-the-window check."""
-    refuse(text_over_window(len(text), max_model_len, engine.codec.max_chars_per_token))
-    tokens = engine.codec.encode(text, add_special_tokens=add_special_tokens)
-    refuse(prompt_over_window(len(tokens), max_model_len))
-    return tokens
 
 
 def _echo_text(request: ChatCompletionRequest) -> str:
@@ -173,21 +142,6 @@ def chat_whole(served: Served, plan: ChatPlan, abort: threading.Event) -> dict[s
     if plan.token_ids:
         response["prompt_token_ids"] = list(plan.tokens)
     return response
-
-
-def token_text(served: Served, as_ids: bool = False) -> protocol.TokenText:
-    """A token's own text for logprob entries ("" for ids the tokenizer cannot decode), or ``token_id:N``."""
-    codec = served.engine.codec
-
-    def text(token_id: int) -> str:
-        if as_ids:
-            return f"token_id:{token_id}"
-        try:
-            return codec.token_strs([token_id])[0]
-        except (KeyError, ValueError, IndexError):
-            return ""
-
-    return text
 
 
 class _Choice:
@@ -339,4 +293,4 @@ def _chain(first: Delta | Generation, rest: Iterator[Delta | Generation]) -> Ite
     yield from rest
 
 
-__all__: Sequence[str] = ["ChatPlan", "chat_events", "chat_whole", "plan_chat", "token_text"]
+__all__: Sequence[str] = ["ChatPlan", "chat_events", "chat_whole", "plan_chat"]

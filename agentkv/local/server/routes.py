@@ -15,52 +15,18 @@ import json
 import threading
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 from agentkv.events import emit
-from agentkv.local import protocol
-from agentkv.local.chat import ChatPlan, chat_events, chat_whole, plan_chat
-from agentkv.local.codec import ChatRequest
-from agentkv.local.completions import completion_events, completion_whole, plan_completion
-from agentkv.local.engine import LocalEngine
-from agentkv.local.grammar import GrammarSpec
-from agentkv.local.limits import error_body
-from agentkv.local.request_errors import UNPARSABLE_BODY, RequestError, validation_error
-from agentkv.local.requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
-from agentkv.local.validation import check_token_ids
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """Server-wide switches, as vLLM's CLI flags of the same names."""
-
-    enable_prompt_tokens_details: bool = False
-    max_logprobs: int = 20
-    bound_json: bool = True
-    """Add size bounds to JSON grammars where the schema leaves strings, arrays or numbers unbounded."""
-
-
-class Served(Protocol):
-    """What the routes need from the server: the engine, how it is presented, and its options."""
-
-    engine: LocalEngine
-    created: int
-    root: str
-    options: ServeOptions
-
-    @property
-    def model_id(self) -> str: ...
-
-    @property
-    def max_model_len(self) -> int: ...
-
-    def record(self, method: str, path: str, body: Any) -> None: ...
-
-    def compile_grammar(self, spec: GrammarSpec) -> Any: ...
-
-    def observe_params(self, n: int, max_tokens: int) -> None: ...
-
-    def metrics_text(self) -> str: ...
+from agentkv.local.engine.codec import ChatRequest
+from agentkv.local.engine.limits import error_body
+from agentkv.local.server import protocol
+from agentkv.local.server.chat import ChatPlan, chat_events, chat_whole, plan_chat
+from agentkv.local.server.completions import completion_events, completion_whole, plan_completion
+from agentkv.local.server.request_errors import UNPARSABLE_BODY, RequestError, validation_error
+from agentkv.local.server.requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
+from agentkv.local.server.served import Served
+from agentkv.local.server.validation import check_token_ids
 
 
 @dataclass
@@ -294,4 +260,4 @@ def handle(served: Served, method: str, path: str, raw: bytes, content_type: str
         return Reply(status=500, body=error_body(str(exc), type="InternalServerError", code=500))
 
 
-__all__ = ["ROUTES", "Reply", "ServeOptions", "Served", "handle"]
+__all__ = ["ROUTES", "Reply", "handle"]

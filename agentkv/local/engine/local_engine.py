@@ -2,7 +2,7 @@
 
 A request reuses the longest run of cached 16-token blocks of its prompt (never the final token), prefills only
 the rest, and caches every full block of the prompt and of the generated text for the next request. Concurrent
-requests take turns on the model through a first-come-first-served :class:`~agentkv.local.scheduler.FairLock`:
+requests take turns on the model through a first-come-first-served :class:`~agentkv.local.engine.scheduler.FairLock`:
 a prefill is one turn, each decode step another, so running requests interleave token by token and a new one
 waits (``waiting``) only until the turn in progress ends. A request whose ``abort`` event is set, or whose
 stream is closed, stops at its next step and its KV is freed.
@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from agentkv.events import emit
-from agentkv.local import kv
-from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
-from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, token_logprob
-from agentkv.local.limits import ContextLengthExceeded, engine_check
-from agentkv.local.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
-from agentkv.local.prefix_cache import PrefixCache
-from agentkv.local.sampling import SamplingParams, StopChecker, TokenLogprob
-from agentkv.local.scheduler import Aborted, FairLock, RequestTrace
+from agentkv.local.engine import kv
+from agentkv.local.engine.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
+from agentkv.local.engine.decoding import Detokenizer, Sampler, logit_bias, token_logprob
+from agentkv.local.engine.limits import ContextLengthExceeded, engine_check
+from agentkv.local.engine.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
+from agentkv.local.engine.prefix_cache import PrefixCache
+from agentkv.local.engine.sampling import SamplingParams, StopChecker, TokenLogprob
+from agentkv.local.engine.scheduler import Aborted, FairLock, RequestTrace
 
 if TYPE_CHECKING:
     import torch
@@ -143,7 +143,7 @@ class LocalEngine:
     ) -> None:
         """``num_blocks`` bounds the prefix cache in blocks as well as bytes (vLLM's ``--num-gpu-blocks-override``);
         ``eviction_policy`` is ``"fair"`` (the salt group furthest over its fair share loses its coldest block
-        first) or ``"lru"`` (vLLM's order): see :mod:`agentkv.local.eviction`."""
+        first) or ``"lru"`` (vLLM's order): see :mod:`agentkv.local.engine.eviction`."""
         self.model = model
         self.codec: Codec = codec or TiktokenCodec()
         self.model_id = model_id
@@ -161,7 +161,7 @@ class LocalEngine:
         self._running: dict[int, int] = {}  # id(request) -> tokens of KV it holds
         self._waiting = 0
         self.observers: list[Any] = []
-        """Callables given a :class:`~agentkv.local.scheduler.RequestTrace` when a request ends (metrics)."""
+        """Callables given a :class:`~agentkv.local.engine.scheduler.RequestTrace` when a request ends (metrics)."""
         emit("local.engine.ready", model_id=model_id, max_model_len=self.max_model_len,
              layers=self.num_layers, parameters=sum(p.numel() for p in model.parameters()))
 
@@ -235,7 +235,7 @@ class LocalEngine:
         return self.codec.encode(self.render(messages, *args, **kwargs), add_special_tokens=False)
 
     def encode_chat(self, chat: ChatRequest, *, add_special_tokens: bool = False) -> list[int]:
-        """The token ids of a rendered :class:`~agentkv.local.codec.ChatRequest` (what the server prefills)."""
+        """The token ids of a rendered :class:`~agentkv.local.engine.codec.ChatRequest` (what the server prefills)."""
         return self.codec.encode(self.codec.render(chat), add_special_tokens=add_special_tokens)
 
     def tokenize_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:

@@ -16,7 +16,7 @@ import signal
 import threading
 from typing import Any
 
-from agentkv.local.eviction import EVICTION_POLICIES
+from agentkv.local.engine.eviction import EVICTION_POLICIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

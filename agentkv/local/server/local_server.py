@@ -1,10 +1,10 @@
 """The local server: a :class:`~agentkv.local.engine.LocalEngine` behind vLLM's OpenAI-compatible HTTP API.
 
-Starlette under uvicorn, as vLLM serves, bound to 127.0.0.1; this module is the only socket code and stays thin:
-:func:`routes.handle` decides, worker threads run the engine, and a client that disconnects has its request
-aborted. It runs in a daemon thread of the caller's process (tests, the demo) or in the foreground
-(``agentkv serve``). The served model id and window can be changed while it
-runs, as when a swap slot loads another model, and every request is logged for tests to inspect.
+Uvicorn serves the ASGI app of :mod:`agentkv.local.server.asgi` on 127.0.0.1; :func:`routes.handle` decides,
+worker threads run the engine. This module owns the socket, the thread pools, the KV-event publisher and the
+lifecycle. It runs in a daemon thread of the caller's process (tests, the demo) or in the foreground (``agentkv
+serve``). The served model id and window can be changed while it runs, as when a swap slot loads another model,
+and every request is logged for tests to inspect.
 
 Usage::
 
@@ -16,22 +16,20 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentkv.events import emit
-from agentkv.local import protocol, routes
 from agentkv.local.engine import LocalEngine
-from agentkv.local.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
-from agentkv.local.limits import error_body
-from agentkv.local.metrics import ServerMetrics
+from agentkv.local.engine.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
+from agentkv.local.server.asgi import app
+from agentkv.local.server.metrics import ServerMetrics
+from agentkv.local.server.served import ServeOptions
 
 _RUNNING: dict[str, LocalEngine] = {}
 """Engines served by running LocalServers of this process, by base URL."""
@@ -70,84 +68,22 @@ _PARSE_THREADS = 4
 pool never delays the 400 for a bad request or the start of a new one."""
 
 
-def _app(served: LocalServer) -> Any:
-    """The ASGI app: one catch-all route that hands the request to :func:`routes.handle`, plus X-Request-Id."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response, StreamingResponse
-    from starlette.routing import Route
+class _NoEvents:
+    """The publisher when KV events are off: nothing to publish, nothing imported."""
 
-    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-
-    async def endpoint(request: Request) -> Response:
-        raw = await request.body()
-        loop = asyncio.get_running_loop()
-        content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
-        reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
-                                           request.url.path, raw, content_type)
-        headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
-        if reply.events is not None:
-            return StreamingResponse(_relay(served, reply, request), status_code=reply.status,
-                                     media_type=reply.content_type, headers={**headers, "cache-control": "no-cache"})
-        if reply.work is not None:
-            await _finish_unless_gone(served, reply, request)
-        return Response(reply.payload(), status_code=reply.status, media_type=reply.content_type, headers=headers)
-
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
+    def shutdown(self) -> None:
+        return None
 
 
-async def _finish_unless_gone(served: LocalServer, reply: routes.Reply, request: Any) -> None:
-    """Run the reply's deferred work in a worker thread; if the client disconnects meanwhile, abort it."""
-    loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(served.pool, reply.finish)
-    try:
-        while not work.done():
-            await asyncio.wait({work}, timeout=0.05)
-            if not work.done() and await request.is_disconnected():
-                reply.abort.set()
-                emit("local.request.disconnected", path=request.url.path)
-        await work
-    finally:
-        if not work.done():  # cancelled (the server is stopping): stop the generation too
-            reply.abort.set()
+def _publisher(engine: LocalEngine, config: Any) -> Any:
+    """vLLM's publisher for ``config`` wired to the engine's prefix cache; None publishes nothing."""
+    if config is None:
+        return _NoEvents()
+    from agentkv.local.server.kv_events import make_publisher
 
-
-async def _relay(served: LocalServer, reply: routes.Reply, request: Any) -> Any:
-    """Iterate the reply's SSE events in a worker thread and pass them on; on disconnect, abort the request.
-
-    The worker keeps draining after an abort, so the engine ends the request (and frees its KV) at its next
-    step even though nobody reads the rest.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    done = object()
-    assert reply.events is not None
-    events = reply.events
-
-    def pump() -> None:
-        try:
-            for event in events:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-        except Exception as exc:  # headers are sent: an error event then [DONE], as vLLM's stream generators do
-            emit("local.stream.failed", level="exception", error=type(exc).__name__)
-            error = error_body(str(exc), type="InternalServerError", code=500)
-            for event in (protocol.sse(error), protocol.sse("[DONE]")):
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-        finally:
-            close = getattr(events, "close", None)
-            if close is not None:
-                close()
-            loop.call_soon_threadsafe(queue.put_nowait, done)
-
-    served.pool.submit(pump)
-    try:
-        while True:
-            item = await queue.get()
-            if item is done:
-                return
-            yield item
-    finally:
-        reply.abort.set()  # a no-op once the stream has ended; stops the request when the client left early
+    publisher = make_publisher(config, block_size=engine.prefix_cache.block_size)
+    engine.prefix_cache.on_events = publisher.publish_cache_events
+    return publisher
 
 
 class LocalServer:
@@ -159,10 +95,10 @@ class LocalServer:
         """``enable_prompt_tokens_details`` is on for in-process servers (agentkv's demo, examples and tests read
         ``cached_tokens``); ``agentkv serve`` leaves it off unless ``--enable-prompt-tokens-details``, as vLLM."""
         self.engine = engine
-        self.kv_events = engine.prefix_cache.publish_events(kv_events_config)  # vLLM's --kv-events-config
+        self.kv_events = _publisher(engine, kv_events_config)  # vLLM's --kv-events-config
         self.created = int(time.time())
         self.root = root or engine.model_id
-        self.options = routes.ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
+        self.options = ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
         self._requests: list[LoggedRequest] = []
         self._requests_lock = threading.Lock()
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP (accepted ones inherit
@@ -317,7 +253,7 @@ class LocalServer:
         if self._thread is None:
             import uvicorn
 
-            config = uvicorn.Config(_app(self), log_level="warning", access_log=False, log_config=None,
+            config = uvicorn.Config(app(self), log_level="warning", access_log=False, log_config=None,
                                     timeout_graceful_shutdown=1, lifespan="off")
             self._uvicorn = uvicorn.Server(config)
             self._socket.listen(128)

@@ -40,7 +40,7 @@ import zmq
 
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
-from agentkv.local.prefix_cache import CacheEvent
+from agentkv.local.engine.prefix_cache import CacheEvent
 
 __all__ = [
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "KVEventBatch", "KVEventsConfig",

@@ -18,7 +18,7 @@ import re
 import uuid
 from typing import Any, Mapping, Sequence
 
-from agentkv.local.grammar import GrammarSpec
+from agentkv.local.engine.grammar import GrammarSpec
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}

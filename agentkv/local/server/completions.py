@@ -11,17 +11,17 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
-from agentkv.local import protocol
-from agentkv.local.chat import compile_constraint, refuse, token_text, tokenize_text
 from agentkv.local.engine import Delta, Generation
-from agentkv.local.limits import output_over_window, prompt_over_window, resolve_max_tokens
-from agentkv.local.request_errors import RequestError
-from agentkv.local.requests import CompletionRequest
-from agentkv.local.validation import grammar_spec, sampling_params
-from agentkv.local.sampling import SamplingParams
+from agentkv.local.engine.limits import output_over_window, prompt_over_window, resolve_max_tokens
+from agentkv.local.engine.sampling import SamplingParams
+from agentkv.local.server import protocol
+from agentkv.local.server.prompts import compile_constraint, refuse, token_text, tokenize_text
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.server.requests import CompletionRequest
+from agentkv.local.server.validation import grammar_spec, sampling_params
 
 if TYPE_CHECKING:
-    from agentkv.local.routes import Served
+    from agentkv.local.server.served import Served
 
 
 @dataclass(frozen=True)
