@@ -23,7 +23,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 @pytest.fixture(scope="module")
 def server():
-    with LocalServer.from_size("tiny", window=512, model_id=MODEL, enable_prompt_tokens_details=False) as running:
+    with LocalServer.from_size("tiny", window=512, model_id=MODEL, enable_prompt_tokens_details=False,
+                               request_log=100) as running:
         yield running
 
 

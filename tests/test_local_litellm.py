@@ -22,7 +22,7 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def server():
-    with LocalServer.from_size("tiny", window=1024, model_id="agentkv-small") as running:
+    with LocalServer.from_size("tiny", window=1024, model_id="agentkv-small", request_log=100) as running:
         yield running
 
 

@@ -33,7 +33,7 @@ def model():
 @pytest.fixture
 def server(model):
     engine = LocalEngine(model, model_id=MODEL_ID, max_model_len=WINDOW)
-    with LocalServer(engine) as running:
+    with LocalServer(engine, request_log=100) as running:
         yield running
 
 

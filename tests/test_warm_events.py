@@ -73,8 +73,9 @@ def rig():
     from agentkv.local.server import LocalServer
 
     events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
-    fast = LocalServer.from_size("tiny", window=2048, model_id="ev-fast")
-    slow = LocalServer.from_size("tiny", window=16384, model_id="ev-slow", seed=1, kv_events_config=events)
+    fast = LocalServer.from_size("tiny", window=2048, model_id="ev-fast", request_log=10_000)
+    slow = LocalServer.from_size("tiny", window=16384, model_id="ev-slow", seed=1, kv_events_config=events,
+                                 request_log=10_000)
     with fast, slow:
         backends = (Backend(f"hosted_vllm/{fast.model_id}", api_base=fast.api_base, name="fast"),
                     Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow",

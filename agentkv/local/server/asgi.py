@@ -1,8 +1,10 @@
 """The ASGI app: Starlette, as vLLM serves, with one catch-all route handing every request to :func:`routes.handle`.
 
-Parsing and planning run in the server's parse pool, generation in its generation pool; a client that disconnects
-has its request aborted (the engine stops it at its next step and frees its KV). Every answer carries
-``X-Request-Id`` (echoed, or generated).
+The body is read within bounds (:mod:`agentkv.local.server.bounds`): a ``Content-Length`` over the limit is
+answered 413 before anything is read, a streamed body as soon as it passes the limit, and a body not complete
+within the client timeout 408. Parsing and planning run in the server's parse pool, generation in its generation
+pool; a client that disconnects has its request aborted (the engine stops it at its next step and frees its KV).
+Every answer carries ``X-Request-Id`` (echoed, or generated).
 
 Usage::
 
@@ -12,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from concurrent.futures import Executor
 from typing import Any, Protocol
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 from agentkv.events import emit
 from agentkv.local.engine.limits import error_body
 from agentkv.local.server import protocol, routes
+from agentkv.local.server.bounds import declared_too_large, http_error
 from agentkv.local.server.served import Served
 
 __all__ = ["Hosting", "app"]
@@ -27,10 +31,34 @@ __all__ = ["Hosting", "app"]
 class Hosting(Served, Protocol):
     """A server the app runs requests for: what routes need, plus its two thread pools."""
 
-    pool: Executor
-    """Generation: each in-flight request holds a thread while it waits for or takes its turns."""
-    parse_pool: Executor
-    """Validation and planning, apart so that a full generation pool never delays a 400."""
+    @property
+    def pool(self) -> Executor:
+        """Generation: each in-flight request holds a thread while it waits for or takes its turns."""
+
+    @property
+    def parse_pool(self) -> Executor:
+        """Validation and planning, apart so that a full generation pool never delays a 400."""
+
+    @property
+    def max_body_bytes(self) -> int: ...
+
+    @property
+    def client_timeout_s(self) -> float: ...
+
+
+class _TooLarge(Exception):
+    """The body passed the limit while it was read."""
+
+
+async def _read_body(request: Any, limit: int) -> bytes:
+    """The whole body, refusing (``_TooLarge``) as soon as more than ``limit`` bytes have arrived."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def app(served: Hosting) -> Any:
@@ -42,8 +70,23 @@ def app(served: Hosting) -> Any:
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
 
+    def refuse(path: str, status: int, message: str) -> Response:
+        """An HTTP-level error; the connection is closed (its unread body cannot be skipped)."""
+        emit("local.request.refused", level="warning", path=path, status=status)
+        body = json.dumps(http_error(status, message)).encode()
+        return Response(body, status_code=status, media_type="application/json", headers={"connection": "close"})
+
     async def endpoint(request: Request) -> Response:
-        raw = await request.body()
+        path, limit = request.url.path, served.max_body_bytes
+        too_large = f"The request body is larger than the server's limit of {limit} bytes."
+        if declared_too_large(request.headers.get("content-length"), limit):
+            return refuse(path, 413, too_large)
+        try:
+            raw = await asyncio.wait_for(_read_body(request, limit), served.client_timeout_s)
+        except _TooLarge:
+            return refuse(path, 413, too_large)
+        except asyncio.TimeoutError:
+            return refuse(path, 408, f"The request body was not received within {served.client_timeout_s:g} s.")
         loop = asyncio.get_running_loop()
         content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
         reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
