@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("agentkv.local.serve_cli", "serve an embedded model over vLLM's OpenAI-compatible API"),
+    "serve": ("agentkv.local.server.serve_cli", "serve an embedded model over vLLM's OpenAI-compatible API"),
     "demo": ("agentkv.demo", "run the fast/slow ReAct demo on two embedded servers"),
     "calibrate": ("agentkv.handoff.cli", "fit a cross-model KV mapper"),
     "evaluate": ("agentkv.handoff.cli", "evaluate a saved KV mapper"),

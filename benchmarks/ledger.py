@@ -23,7 +23,7 @@ import msgspec
 
 from agentkv.backends import Backend
 from agentkv.ledger import BlockTree, CacheLedger
-from agentkv.local.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+from agentkv.local.server.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
 
 BLOCK = 16
 

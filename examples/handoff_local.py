@@ -27,7 +27,7 @@ from agentkv.warm import CooldownMap
 
 def build_pair(quick: bool):
     from agentkv.handoff.testing import damp_residual_writes, depth_upscaled
-    from agentkv.local.models import build_model
+    from agentkv.local.engine.models import build_model
 
     size = "tiny" if quick else "small"
     source = damp_residual_writes(build_model(size, seed=0), 0.1 if quick else 0.05)

@@ -26,8 +26,8 @@ def servers():
     """Two embedded vLLM-compatible servers (tiny models): fast with a 2048 window, slow with 16384."""
     from agentkv.local.server import LocalServer
 
-    fast = LocalServer.from_size("tiny", window=2048, model_id="fast-tiny")
-    slow = LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1)
+    fast = LocalServer.from_size("tiny", window=2048, model_id="fast-tiny", request_log=10_000)
+    slow = LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1, request_log=10_000)
     with fast, slow:
         yield fast, slow
 

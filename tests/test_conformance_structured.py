@@ -100,7 +100,7 @@ def test_free_form_schema_closes_within_budget(client, seed):
 
 def test_bound_schema_only_narrows():
     """bound_schema adds maxLength/maxItems/number bounds where absent and keeps the schema's own."""
-    from agentkv.local.grammar import bound_schema
+    from agentkv.local.engine.grammar import bound_schema
 
     bounded = bound_schema(PROFILE)
     props = bounded["properties"]

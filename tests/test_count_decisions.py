@@ -170,7 +170,7 @@ DOUBLING_TEMPLATE = CHATML_TOOLS_TEMPLATE.replace("(message.content or '')",
 
 @pytest.fixture(scope="module")
 def doubling_server():
-    from agentkv.local.codec import TiktokenCodec
+    from agentkv.local.engine.codec import TiktokenCodec
     from agentkv.local.server import LocalServer
 
     assert DOUBLING_TEMPLATE != CHATML_TOOLS_TEMPLATE

@@ -11,7 +11,7 @@ from agentkv.handoff.builtins import IdentityMapper
 from agentkv.handoff.models import signature_of
 from agentkv.handoff.testing import random_sequences, torch_threads
 from agentkv.local.engine import LocalEngine
-from agentkv.local.models import build_model
+from agentkv.local.engine.models import build_model
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -14,8 +14,8 @@ httpx = pytest.importorskip("httpx")
 
 from agentkv.errors import ConfigurationError  # noqa: E402
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.kv_events import KVEventsConfig, external_hash  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
+from agentkv.local.server.kv_events import KVEventsConfig, external_hash  # noqa: E402
+from agentkv.local.engine.models import build_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 
 MODEL_ID = "agentkv-tiny-events"
@@ -23,10 +23,11 @@ MESSAGES = [{"role": "system", "content": "You are a careful agent. " * 12}, {"r
 
 
 # --- a subscriber written the way vllm/examples/online_serving/kv_events_subscriber.py is -------------
-# (its structs carry the fields and options of vllm/distributed/kv_events.py on main: a map batch, tagged map events)
+# (its structs carry the fields and options of vllm 0.32's vllm/distributed/kv_events.py: an array batch, tagged map
+# events)
 
 
-class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
@@ -48,12 +49,17 @@ class BlockStored(KVCacheEvent):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[int]
     medium: str | None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -110,7 +116,7 @@ class VllmStyleSubscriber:
             self.replays += 1
             self.replay.send((self.last_seq + 1).to_bytes(8, "big"))
             while self.replay.poll(timeout=1000):
-                seq_bytes, replay_payload = self.replay.recv_multipart()
+                _, seq_bytes, replay_payload = self.replay.recv_multipart()  # REQ drops the empty delimiter
                 if not replay_payload:
                     break
                 replay_seq = int.from_bytes(seq_bytes, "big")
@@ -213,8 +219,8 @@ def test_vllm_subscriber_decodes_our_events_and_they_match_the_cache(server, sub
     server.engine.prefix_cache.resize(512 << 20)
 
 
-def test_wire_shape_is_a_map_batch_of_tagged_maps(server):
-    """Frames are (topic, 8-byte big-endian seq, msgpack {ts, events: [{type: ...}], data_parallel_rank}): vLLM's main."""
+def test_wire_shape_is_an_array_batch_of_tagged_maps(server):
+    """Frames are (topic, 8-byte big-endian seq, msgpack [ts, [{type: ...}], dp_rank]), as vLLM 0.32 publishes."""
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.connect(server.kv_events.endpoint)
@@ -226,10 +232,31 @@ def test_wire_shape_is_a_map_batch_of_tagged_maps(server):
         topic, seq, payload = sub.recv_multipart()
         batch = msgspec.msgpack.decode(payload)
         assert topic == b"kv-events" and len(seq) == 8
-        assert isinstance(batch, dict) and batch["data_parallel_rank"] == 0 and isinstance(batch["ts"], float)
-        assert batch["events"] == [{"type": "AllBlocksCleared"}]
+        assert isinstance(batch, list) and len(batch) == 3 and isinstance(batch[0], float) and batch[2] == 0
+        assert batch[1] == [{"type": "AllBlocksCleared"}]
     finally:
         sub.close(linger=0)
+
+
+def test_replay_replies_are_vllms_four_frames_end_marker_too(server):
+    """A DEALER's replay request gets (b"", topic, seq, payload) per batch and (b"", b"", -1, b"") at the end."""
+    server.engine.reset_prefix_cache()
+    time.sleep(0.2)  # published before the replay request is served
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.connect(server.kv_events.replay_endpoint)
+    try:
+        dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+        replies = []
+        while dealer.poll(2000):
+            replies.append(dealer.recv_multipart())
+            if replies[-1][2] == (-1).to_bytes(8, "big", signed=True):
+                break
+    finally:
+        dealer.close(linger=0)
+    assert len(replies) >= 2 and all(len(frames) == 4 and frames[0] == b"" for frames in replies)
+    assert all(frames[1] == b"kv-events" and len(frames[2]) == 8 and frames[3] for frames in replies[:-1])
+    assert replies[-1] == [b"", b"", (-1).to_bytes(8, "big", signed=True), b""]
+    assert isinstance(msgspec.msgpack.decode(replies[-2][3]), list)
 
 
 def test_a_gap_is_repaired_through_the_replay_endpoint(server, subscriber):
@@ -251,7 +278,7 @@ def test_serve_cli_takes_vllms_flag():
     """`agentkv serve --kv-events-config JSON` builds a server that publishes where the JSON says."""
     import argparse
 
-    from agentkv.local import serve_cli
+    from agentkv.local.server import serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)

@@ -17,8 +17,8 @@ from agentkv.errors import ConfigurationError  # noqa: E402
 from agentkv.ledger import BlockTree, CacheLedger, TenantScopeError  # noqa: E402
 from agentkv.ledger.subscriber import EndpointSubscriber  # noqa: E402
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.kv_events import external_hash  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
+from agentkv.local.server.kv_events import external_hash  # noqa: E402
+from agentkv.local.engine.models import build_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 from agentkv.tenancy import derive_cache_salt  # noqa: E402
 
@@ -160,7 +160,7 @@ def test_a_replayed_duplicate_is_ignored_and_a_restart_resets():
     """An old seq with an old clock is a duplicate; an old seq with a newer clock is a restarted server."""
     import msgspec
 
-    from agentkv.local.kv_events import BlockStored, KVEventBatch
+    from agentkv.local.server.kv_events import BlockStored, KVEventBatch
 
     def frame(seq: int, ts: float, block: int) -> list[bytes]:
         stored = BlockStored(block_hashes=[block], parent_block_hash=None, token_ids=[block, block], block_size=2,

@@ -51,7 +51,7 @@ httpx = pytest.importorskip("httpx")
 
 from agentkv.ledger import CacheLedger  # noqa: E402
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
+from agentkv.local.engine.models import build_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 from agentkv.testing import FakeHttp  # noqa: E402
 

@@ -8,9 +8,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 httpx = pytest.importorskip("httpx")
 
-from agentkv.local.codec import HFCodec, TiktokenCodec  # noqa: E402
+from agentkv.local.engine.codec import HFCodec, TiktokenCodec  # noqa: E402
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.models import build_model, load_model  # noqa: E402
+from agentkv.local.engine.models import build_model, load_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m.role }} {{ m.content }} <|im_end|> {% endfor %}"

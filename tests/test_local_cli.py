@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkv.local import serve_cli
+from agentkv.local.server import serve_cli
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("torch")
@@ -46,7 +46,7 @@ def test_the_eviction_flags_reach_the_engine():
 
 def test_serve_answers_then_stops_on_sigterm():
     """A served process answers /v1/models on 127.0.0.1 and exits 0 on SIGTERM."""
-    code = ("import sys; from agentkv.local import serve_cli as s; import argparse; p = argparse.ArgumentParser(); "
+    code = ("import sys; from agentkv.local.server import serve_cli as s; import argparse; p = argparse.ArgumentParser(); "
             "s.add_arguments(p); sys.exit(s.run(p.parse_args(sys.argv[1:])))")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen([sys.executable, "-c", code, "--size", "tiny", "--port", "0", "--window", "512",

@@ -7,11 +7,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agentkv.local.codec import TiktokenCodec  # noqa: E402
-from agentkv.local.decoding import logit_bias  # noqa: E402
+from agentkv.local.engine.codec import TiktokenCodec  # noqa: E402
+from agentkv.local.engine.decoding import logit_bias  # noqa: E402
 from agentkv.local.engine import Delta, Generation, LocalEngine  # noqa: E402
-from agentkv.local.limits import ContextLengthExceeded  # noqa: E402
-from agentkv.local.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model  # noqa: E402
+from agentkv.local.engine.limits import ContextLengthExceeded  # noqa: E402
+from agentkv.local.engine.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model  # noqa: E402
+from agentkv.local.engine.sampling import SamplingParams  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "You are a careful assistant that answers briefly. " * 8},
@@ -161,11 +162,20 @@ def test_sampling_never_picks_undecodable_ids():
     assert bias[codec.encoding.eot_token] == 0 and bias[42] == 0
 
 
-def test_a_request_over_the_window_raises_vllms_message(engine):
-    """generate() refuses a request that does not fit, with vLLM's wording."""
+def test_a_prompt_over_the_window_raises_vllms_engine_message(engine):
+    """generate() refuses a prompt that leaves no room for one output token, with vLLM's engine-level wording."""
     engine.max_model_len = 64
-    with pytest.raises(ContextLengthExceeded, match="maximum context length is 64 tokens"):
+    with pytest.raises(ContextLengthExceeded, match=r"The decoder prompt \(length \d+\) is longer than the maximum "
+                                                    "model length of 64"):
         engine.generate(engine.tokenize_chat(MESSAGES), 10)
+
+
+def test_generation_stops_at_the_end_of_the_window(engine):
+    """A budget past the window is cut at the window ("length"), as vLLM's scheduler caps a request."""
+    ids = engine.tokenize_chat(MESSAGES)
+    engine.max_model_len = len(ids) + 3
+    result = engine.generate(ids, params=SamplingParams(max_tokens=50, ignore_eos=True))
+    assert (result.completion_tokens, result.finish_reason) == (3, "length")
 
 
 def test_cached_prefix_kv_returns_per_layer_tensors(engine):
@@ -229,7 +239,7 @@ def test_fair_lock_grants_in_arrival_order():
     import threading
     import time
 
-    from agentkv.local.scheduler import FairLock
+    from agentkv.local.engine.scheduler import FairLock
 
     lock, order, cancel = FairLock(), [], threading.Event()
     lock.acquire()

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from agentkv.local.eviction import GroupFacts, check_policy, victim_group
+from agentkv.local.engine.eviction import GroupFacts, check_policy, victim_group
 
 torch = pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
-from agentkv.local.prefix_cache import KVBlock, PrefixCache  # noqa: E402
+from agentkv.local.engine.models import build_model  # noqa: E402
+from agentkv.local.engine.prefix_cache import KVBlock, PrefixCache  # noqa: E402
 
 BLOCK = 4
 
@@ -176,7 +176,7 @@ zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 from agentkv.ledger import CacheLedger  # noqa: E402
-from agentkv.local.kv_events import external_hash  # noqa: E402
+from agentkv.local.server.kv_events import external_hash  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 from agentkv.tenancy import derive_cache_salt  # noqa: E402
 

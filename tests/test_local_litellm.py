@@ -22,7 +22,7 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def server():
-    with LocalServer.from_size("tiny", window=1024, model_id="agentkv-small") as running:
+    with LocalServer.from_size("tiny", window=1024, model_id="agentkv-small", request_log=100) as running:
         yield running
 
 
@@ -48,11 +48,12 @@ def test_cached_tokens_reach_litellm_usage(server):
 
 
 def test_overflow_raises_context_window_exceeded_with_the_servers_message(server):
-    """A 400 overflow surfaces as litellm.ContextWindowExceededError carrying vLLM's message."""
+    """A prompt over the window surfaces as litellm.ContextWindowExceededError carrying vLLM 0.32's message."""
     with pytest.raises(litellm.ContextWindowExceededError) as caught:
-        call(server, max_tokens=1010)
-    assert "This model's maximum context length is 1024 tokens. However, you requested 1010 output tokens " \
-           "and your prompt contains at least 15 input tokens" in str(caught.value)
+        litellm.completion(model="hosted_vllm/agentkv-small", api_base=server.api_base, num_retries=0,
+                           messages=[{"role": "user", "content": "word " * 1500}], max_tokens=4)
+    assert "This model's maximum context length is 1024 tokens. However, your prompt contains at least 1025 " \
+           "input tokens, which exceeds this limit even without any output tokens." in str(caught.value)
     assert isinstance(caught.value, litellm.BadRequestError)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentkv.local.prefix_cache import KVBlock, PrefixCache, chain_hashes  # noqa: E402
+from agentkv.local.engine.prefix_cache import KVBlock, PrefixCache, chain_hashes  # noqa: E402
 
 BLOCK = 4
 LAYERS, HEADS, DIM = 2, 1, 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentkv.local.sampling import StopChecker
+from agentkv.local.engine.sampling import StopChecker
 
 
 def feed(checker: StopChecker, pieces: list[str]) -> tuple[str, str | None]:

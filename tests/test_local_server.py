@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.models import build_model  # noqa: E402
+from agentkv.local.engine.models import build_model  # noqa: E402
 from agentkv.local.server import LocalServer  # noqa: E402
 
 MODEL_ID = "agentkv-tiny"
@@ -33,7 +33,7 @@ def model():
 @pytest.fixture
 def server(model):
     engine = LocalEngine(model, model_id=MODEL_ID, max_model_len=WINDOW)
-    with LocalServer(engine) as running:
+    with LocalServer(engine, request_log=100) as running:
         yield running
 
 
@@ -93,7 +93,10 @@ def test_chat_completion_response_shape(client):
     usage = body["usage"]
     assert usage["completion_tokens"] == 4
     assert usage["total_tokens"] == usage["prompt_tokens"] + 4
-    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # in-process servers enable the details
+    # in-process servers enable the details; vLLM 0.32's carry the tokens this request wrote to the prefix cache
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "multimodal_tokens": None,
+                                              "created_cache_tokens": usage["prompt_tokens"] // 16 * 16}
+    assert usage["completion_tokens_details"] is None and body["system_fingerprint"].startswith("agentkv-")
 
 
 def test_repeated_prefix_reports_cached_tokens(client):
@@ -105,25 +108,25 @@ def test_repeated_prefix_reports_cached_tokens(client):
     assert other["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-def test_overflow_returns_vllms_current_error(client):
-    """prompt + max_tokens over the window is a 400 with vLLM's exact JSON and message."""
-    response = client.post("/v1/chat/completions", json=chat(max_tokens=1000))
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error == {"message": (
-        "This model's maximum context length is 1024 tokens. However, you requested 1000 output tokens and your "
-        "prompt contains at least 25 input tokens, for a total of at least 1025 tokens. Please reduce the length "
-        "of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=25)"),
-        "type": "BadRequestError", "param": "input_tokens", "code": 400}
+def test_prompt_plus_max_tokens_over_the_window_is_clamped_silently(server, client):
+    """prompt + max_tokens over the window is served, as vLLM 0.32 does: 200, the rest of the window, "length"."""
+    server.max_model_len = 120
+    body = {"model": MODEL_ID, "messages": MESSAGES, "max_tokens": 100, "ignore_eos": True}
+    answer = client.post("/v1/chat/completions", json=body).json()
+    assert answer["usage"]["prompt_tokens"] + 100 > 120
+    assert answer["usage"]["total_tokens"] == 120 and answer["choices"][0]["finish_reason"] == "length"
 
 
-def test_prompt_over_the_window_without_max_tokens(client):
-    """A prompt longer than the window with no max_tokens is refused with the 0-output-token wording."""
+def test_prompt_over_the_window_is_refused_with_the_032_wording(client):
+    """A prompt longer than the window is a 400 naming the 'at least L+1' threshold, as vLLM 0.32 answers."""
     long = [{"role": "user", "content": "word " * 1500}]
-    response = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": long})
+    response = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": long, "max_tokens": 4})
     assert response.status_code == 400
-    assert "you requested 0 output tokens and your prompt contains at least 1025 input tokens" in \
-        response.json()["error"]["message"]
+    assert response.json()["error"] == {"message": (
+        "This model's maximum context length is 1024 tokens. However, your prompt contains at least 1025 input "
+        "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+        "prompt. (parameter=input_tokens, value=1025)"), "type": "BadRequestError", "param": "input_tokens",
+        "code": 400}
 
 
 def test_default_max_tokens_fills_the_window(server, client):
@@ -137,16 +140,36 @@ def test_unknown_model_is_404(client):
     """A model id the server does not serve is a 404 NotFoundError, as vLLM answers."""
     response = client.post("/v1/chat/completions", json=chat(model="gpt-9"))
     assert response.status_code == 404
-    assert response.json()["error"]["message"] == "The model `gpt-9` does not exist."
+    assert response.json()["error"]["message"] == f"The model `gpt-9` does not exist. Valid aliases: {MODEL_ID}."
 
 
-@pytest.mark.parametrize("body", [b"{not json", b'["a list"]', b'{"messages": "hi"}',
-                                  b'{"messages": [], "max_tokens": 0}', b'{"messages": [], "cache_salt": ""}'])
-def test_malformed_bodies_are_400_error_json(client, body):
-    """Malformed JSON and invalid fields are answered with a 400 and vLLM's error JSON."""
+@pytest.mark.parametrize(("body", "kind", "param"), [
+    (b"{not json", "Bad Request", "body.1"), (b'["a list"]', "Bad Request", "body"),
+    (b'{"messages": "hi"}', "Bad Request", "body.messages"), (b"", "Bad Request", "body"),
+    (b'{"messages": [], "max_tokens": 0}', "BadRequestError", None),
+    (b'{"messages": [], "cache_salt": ""}', "BadRequestError", "cache_salt"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "cache_salt": "a/b"}', "BadRequestError", "cache_salt")])
+def test_malformed_bodies_are_400_error_json(client, body, kind, param):
+    """Malformed JSON and schema failures are vLLM's "Bad Request" with the location; field checks BadRequestError."""
     response = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == 400
-    assert response.json()["error"]["type"] == "BadRequestError"
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == (kind, param)
+
+
+def test_an_empty_messages_list_is_a_400_not_a_500(client):
+    """No messages is vLLM's 400 "Cannot apply chat template to an empty conversation", not a template crash."""
+    response = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [], "max_tokens": 2})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == ("Cannot apply chat template to an empty conversation. Provide at "
+                                                   "least one message.")
+
+
+def test_a_deeply_nested_body_is_a_400_not_a_500(client):
+    """A body nested 100k deep (RecursionError in the JSON parser) is FastAPI's 400, as vLLM answers."""
+    body = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert (response.status_code, response.json()) == (400, {"detail": "There was an error parsing the body"})
 
 
 def test_streaming_sends_chunks_usage_and_done(client):

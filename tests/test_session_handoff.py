@@ -6,7 +6,7 @@ from agentkv import Backend, Session, WindowDiscovery
 from agentkv.handoff import CalibrationConfig, calibrate
 from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random_sequences, torch_threads
 from agentkv.local.engine import LocalEngine
-from agentkv.local.models import build_model
+from agentkv.local.engine.models import build_model
 from agentkv.local.server import LocalServer, engine_at
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv._session.escalation import Handoff

@@ -73,8 +73,9 @@ def rig():
     from agentkv.local.server import LocalServer
 
     events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
-    fast = LocalServer.from_size("tiny", window=2048, model_id="ev-fast")
-    slow = LocalServer.from_size("tiny", window=16384, model_id="ev-slow", seed=1, kv_events_config=events)
+    fast = LocalServer.from_size("tiny", window=2048, model_id="ev-fast", request_log=10_000)
+    slow = LocalServer.from_size("tiny", window=16384, model_id="ev-slow", seed=1, kv_events_config=events,
+                                 request_log=10_000)
     with fast, slow:
         backends = (Backend(f"hosted_vllm/{fast.model_id}", api_base=fast.api_base, name="fast"),
                     Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow",
@@ -305,7 +306,7 @@ def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
 def test_a_warm_the_ledger_never_showed_leaves_no_baseline_for_top_ups():
     """A live ledger that stops hearing from the server mid-warm gives no top-up baseline; one that shows the warm does."""
     from agentkv.ledger import CacheLedger
-    from agentkv.local.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+    from agentkv.local.server.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
     from agentkv.warm.aware import SlowResidency
 
     def stored(hashes, parent, tokens, extra):
@@ -391,7 +392,7 @@ def test_a_touched_block_ranks_warmer_whatever_clock_the_ledger_was_given():
     """touch() stamps blocks in the publishers' time, so with an injected (monotonic) ledger clock a block just
     read still ranks warmer than one stored earlier and never read."""
     from agentkv.ledger import CacheLedger
-    from agentkv.local.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+    from agentkv.local.server.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
     publisher = ZmqEventPublisher(endpoint="tcp://127.0.0.1:*")
     backend = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="ranked", kv_events=publisher.endpoint)

@@ -46,10 +46,10 @@ def model_device(model: Any) -> Any:
 def load_spec(spec: str, *, device: str = "cpu", dtype: Any = None, seed: int = 0) -> tuple[Any, Any]:
     """A model SPEC -> ``(model, codec)``: an embedded size (``small``/``large``) or a checkpoint folder.
 
-    The codec (``agentkv.local.codec``) turns corpus text into the model's token ids.
+    The codec (``agentkv.local.engine.codec``) turns corpus text into the model's token ids.
     """
-    from agentkv.local import codec as codecs
-    from agentkv.local import models
+    from agentkv.local.engine import codec as codecs
+    from agentkv.local.engine import models
 
     if spec in EMBEDDED_SIZES:
         model, codec = models.build_model(spec, seed=seed, dtype=dtype), codecs.TiktokenCodec()

@@ -16,37 +16,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentkv.local.codec import ChatRequest, HFCodec, TiktokenCodec
+    from agentkv.local.engine.codec import ChatRequest, HFCodec, TiktokenCodec
     from agentkv.local.engine import Delta, EngineStats, Generation, LocalEngine
-    from agentkv.local.limits import ContextLengthExceeded, LengthError, check_length
-    from agentkv.local.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model, load_model
-    from agentkv.local.prefix_cache import KVBlock, PrefixCache
-    from agentkv.local.requests import ChatCompletionRequest, CompletionRequest
-    from agentkv.local.sampling import SamplingParams
+    from agentkv.local.engine.limits import ContextLengthExceeded, LengthError, check_length
+    from agentkv.local.engine.models import DEFAULT_WINDOWS, MODEL_SIZES, build_model, load_model
+    from agentkv.local.engine.prefix_cache import KVBlock, PrefixCache
+    from agentkv.local.server.requests import ChatCompletionRequest, CompletionRequest
+    from agentkv.local.engine.sampling import SamplingParams
     from agentkv.local.server import LocalServer, LoggedRequest
 
 _EXPORTS = {
-    "ChatRequest": "agentkv.local.codec",
-    "HFCodec": "agentkv.local.codec",
-    "TiktokenCodec": "agentkv.local.codec",
-    "Delta": "agentkv.local.engine",
-    "EngineStats": "agentkv.local.engine",
-    "Generation": "agentkv.local.engine",
-    "LocalEngine": "agentkv.local.engine",
-    "ContextLengthExceeded": "agentkv.local.limits",
-    "LengthError": "agentkv.local.limits",
-    "check_length": "agentkv.local.limits",
-    "DEFAULT_WINDOWS": "agentkv.local.models",
-    "MODEL_SIZES": "agentkv.local.models",
-    "build_model": "agentkv.local.models",
-    "load_model": "agentkv.local.models",
-    "KVBlock": "agentkv.local.prefix_cache",
-    "PrefixCache": "agentkv.local.prefix_cache",
-    "ChatCompletionRequest": "agentkv.local.requests",
-    "CompletionRequest": "agentkv.local.requests",
-    "SamplingParams": "agentkv.local.sampling",
-    "LocalServer": "agentkv.local.server",
-    "LoggedRequest": "agentkv.local.server",
+    "ChatRequest": "agentkv.local.engine.codec",
+    "HFCodec": "agentkv.local.engine.codec",
+    "TiktokenCodec": "agentkv.local.engine.codec",
+    "Delta": "agentkv.local.engine.local_engine",
+    "EngineStats": "agentkv.local.engine.local_engine",
+    "Generation": "agentkv.local.engine.local_engine",
+    "LocalEngine": "agentkv.local.engine.local_engine",
+    "ContextLengthExceeded": "agentkv.local.engine.limits",
+    "LengthError": "agentkv.local.engine.limits",
+    "check_length": "agentkv.local.engine.limits",
+    "DEFAULT_WINDOWS": "agentkv.local.engine.models",
+    "MODEL_SIZES": "agentkv.local.engine.models",
+    "build_model": "agentkv.local.engine.models",
+    "load_model": "agentkv.local.engine.models",
+    "KVBlock": "agentkv.local.engine.prefix_cache",
+    "PrefixCache": "agentkv.local.engine.prefix_cache",
+    "ChatCompletionRequest": "agentkv.local.server.requests",
+    "CompletionRequest": "agentkv.local.server.requests",
+    "SamplingParams": "agentkv.local.engine.sampling",
+    "LocalServer": "agentkv.local.server.local_server",
+    "LoggedRequest": "agentkv.local.server.local_server",
 }
 
 __all__ = [

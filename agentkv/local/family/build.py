@@ -94,7 +94,7 @@ def ensure_family(recipe: str | Recipe = "micro", *, out: str | Path | None = No
     ``out`` defaults to :func:`family_root`. Finished members are kept; an interrupted one resumes
     from its last saved state. ``threads`` overrides the recipe's torch thread count.
     """
-    from agentkv.local.models import intra_op_threads
+    from agentkv.local.engine.models import intra_op_threads
 
     chosen = resolve_recipe(recipe)
     paths = FamilyPaths(Path(out) if out is not None else family_root(chosen))
@@ -166,7 +166,7 @@ def member_config(recipe: Recipe, member: Member, tokenizer: Any) -> Any:
     from transformers import Qwen3Config
 
     from agentkv.local.family.tokenizer import END_OF_TEXT, IM_END
-    from agentkv.local.models import vocab_fingerprint
+    from agentkv.local.engine.models import vocab_fingerprint
 
     shape = member.shape
     stops = [tokenizer.convert_tokens_to_ids(END_OF_TEXT), tokenizer.convert_tokens_to_ids(IM_END)]

@@ -3,8 +3,9 @@
 The models follow vLLM's ``ChatCompletionRequest``/``CompletionRequest`` (``vllm/entrypoints/openai``): unknown
 fields are accepted and ignored, ``seed`` must fit int64, ``tool_choice`` must agree with ``tools``, one
 structured-output constraint at most, ``stream_options`` only with ``stream``. :func:`parse` turns any failure
-into a :class:`RequestError` (400 with vLLM's error JSON), never an exception a server would answer with 500.
-The checks that need the served model (vocabulary, ``max_logprobs``) are in :mod:`agentkv.local.validation`.
+into a :class:`RequestError` (400 with vLLM's error JSON, a schema failure shaped as vLLM's validation handler
+shapes it), never an exception a server would answer with 500.
+The checks that need the served model (vocabulary, ``max_logprobs``) are in :mod:`agentkv.local.server.validation`.
 
 Usage::
 
@@ -17,32 +18,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentkv.local.limits import error_body
+from agentkv.local.server.request_errors import ParamError, RequestError, validation_error
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` with vLLM's error JSON."""
-
-    def __init__(self, message: str, *, status: int = 400, type: str = "BadRequestError",
-                 param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = error_body(message, type=type, param=param, code=status)
-
-
-class ParamError(ValueError):
-    """A field vLLM rejects (its ``VLLMValidationError``): the message names the parameter and value."""
-
-    def __init__(self, message: str, *, parameter: str | None = None, value: Any = None) -> None:
-        super().__init__(message)
-        self.parameter, self.value = parameter, value
-
-    def __str__(self) -> str:
-        extras = [f"{k}={v}" for k, v in (("parameter", self.parameter), ("value", self.value)) if v is not None]
-        base = super().__str__()
-        return f"{base} ({', '.join(extras)})" if extras else base
 
 
 class _Model(BaseModel):
@@ -116,6 +94,21 @@ class StreamOptions(_Model):
     continuous_usage_stats: bool | None = False
 
 
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+MAX_CACHE_SALT_CHARS = 128
+
+
+def check_cache_salt(salt: Any) -> None:
+    """vLLM 0.32's ``validate_cache_salt``: a non-empty string of at most 128 characters, none of ``@ / \\ NUL``."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise ParamError("Parameter 'cache_salt' must be a non-empty string if provided.", parameter="cache_salt")
+    if len(salt) > MAX_CACHE_SALT_CHARS or any(char in _SALT_FORBIDDEN for char in salt):
+        raise ParamError("Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
+                         "'\\\\', or NUL.", parameter="cache_salt")
+
+
 class SamplingFields(_Model):
     """Fields the chat and completion requests share (vLLM's sampling parameters)."""
 
@@ -155,10 +148,7 @@ class SamplingFields(_Model):
     def _shared_rules(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        salt = data.get("cache_salt")
-        if salt is not None and (not isinstance(salt, str) or not salt):
-            raise ParamError("Parameter 'cache_salt' must be a non-empty string if provided.",
-                             parameter="cache_salt")
+        check_cache_salt(data.get("cache_salt"))
         if data.get("stream_options") and not data.get("stream"):
             raise ParamError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
         prompt_logprobs = data.get("prompt_logprobs")
@@ -201,7 +191,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = 0
     max_completion_tokens: int | None = None
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = "none"
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    """Unset or null: ``"auto"`` when ``tools`` are given, else ``"none"`` (vLLM's ``check_tool_usage``)."""
     parallel_tool_calls: bool | None = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -224,9 +215,14 @@ class ChatCompletionRequest(SamplingFields):
             if (top == -1 or top > 0) and not data.get("logprobs"):
                 raise ParamError("when using `top_logprobs`, `logprobs` must be set to true.",
                                  parameter="top_logprobs")
-        data = dict(data)  # the defaults below must not edit the body the caller sent (nor the server's request log)
         _check_tool_usage(data)
         return data
+
+    @model_validator(mode="after")
+    def _tool_choice_default(self) -> ChatCompletionRequest:
+        if self.tool_choice is None:  # set after validation: a schema error's input is the body as sent
+            self.tool_choice = "auto" if self.tools else "none"
+        return self
 
     def output_budget(self) -> tuple[int | None, str]:
         """The requested output tokens and the field that asked for them."""
@@ -236,13 +232,13 @@ class ChatCompletionRequest(SamplingFields):
 
 
 def _check_tool_usage(data: dict[str, Any]) -> None:
-    """vLLM's ``check_tool_usage``: defaults and consistency of ``tool_choice`` with ``tools``."""
+    """vLLM's ``check_tool_usage``: consistency of ``tool_choice`` (or its default) with ``tools``."""
     if data.get("tools") == []:
         raise ParamError("`tools` must not be an empty array. Either provide at least one tool or omit the field "
                          "entirely.", parameter="tools")
-    if data.get("tool_choice") is None:
-        data["tool_choice"] = "auto" if data.get("tools") else "none"
-    choice = data["tool_choice"]
+    choice = data.get("tool_choice")
+    if choice is None:
+        choice = "auto" if data.get("tools") else "none"
     if choice == "none":
         return
     if not data.get("tools"):
@@ -269,7 +265,7 @@ def _check_tool_usage(data: dict[str, Any]) -> None:
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
     logprobs: int | None = None
     max_tokens: int | None = 16
     suffix: str | None = None
@@ -283,8 +279,10 @@ class CompletionRequest(SamplingFields):
         logprobs = data.get("logprobs")
         if isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs < -1:
             raise ParamError("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
+        if data.get("prompt") is None or data.get("prompt") == "":
+            raise ParamError("Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt")
         if data.get("suffix") is not None:
-            raise ParamError("suffix is not currently supported", parameter="suffix")
+            raise ParamError("suffix is only supported for models with FIM completion rendering", parameter="suffix")
         return data
 
     def prompts(self) -> list[str | list[int]]:
@@ -293,7 +291,7 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt, str):
             return [prompt]
         if not prompt:
-            raise RequestError("Prompt cannot be empty.", param="prompt")
+            raise RequestError("You must pass at least one prompt")
         if all(isinstance(p, int) for p in prompt):
             return [list(prompt)]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
@@ -317,8 +315,9 @@ class TokenizeRequest(_Model):
     def _one_form(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        if data.get("messages") is None and data.get("prompt") is None:
-            raise ParamError("Either `prompt` or `messages` must be given.", parameter="prompt")
+        if data.get("messages") is None and data.get("prompt") is None:  # neither branch of vLLM's union fits
+            raise validation_error([{"type": "missing", "loc": ("body", field), "msg": "Field required",
+                                     "input": data} for field in ("prompt", "messages")])
         if data.get("continue_final_message") and data.get("add_generation_prompt"):
             raise ParamError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         return data
@@ -336,6 +335,12 @@ M = TypeVar("M", bound=BaseModel)
 
 def parse(model: type[M], body: Any) -> M:
     """``body`` validated as ``model``; any failure is a 400 :class:`RequestError` with vLLM's message."""
+    if body is None:
+        raise validation_error([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+    if not isinstance(body, dict):
+        raise validation_error([{"type": "model_attributes_type", "loc": ("body",),
+                                 "msg": "Input should be a valid dictionary or object to extract fields from",
+                                 "input": body}])
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -345,10 +350,10 @@ def parse(model: type[M], body: Any) -> M:
 
 
 def _from_validation(exc: ValidationError) -> RequestError:
+    """A check of a request validator (``ParamError``) as itself; a schema failure as vLLM's handler answers it."""
     errors = exc.errors(include_url=False)
     for error in errors:
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, ParamError):
             return RequestError(str(cause), param=cause.parameter)
-    summary = [{k: v for k, v in e.items() if k in ("type", "loc", "msg", "input")} for e in errors]
-    return RequestError(f"{exc} {summary}")
+    return validation_error([{**e, "loc": ("body", *e["loc"])} for e in errors])

@@ -2,7 +2,7 @@
 
 vLLM makes these checks after parsing, against the loaded model: ``SamplingParams._verify_args`` (ranges of
 ``n``, ``temperature``, ``top_p``, ``min_tokens``...), the engine's vocabulary checks for ``logit_bias`` and
-``stop_token_ids``, and ``--max-logprobs``. Every failure is a :class:`~agentkv.local.requests.RequestError`
+``stop_token_ids``, and ``--max-logprobs``. Every failure is a :class:`~agentkv.local.server.requests.RequestError`
 with vLLM's message ``... (parameter=NAME, value=VALUE)``.
 
 Usage::
@@ -14,12 +14,14 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Mapping, Sequence
 
-from agentkv.local.grammar import GrammarSpec
-from agentkv.local.requests import RequestError, SamplingFields
-from agentkv.local.sampling import SamplingParams
+from agentkv.local.engine.grammar import GrammarSpec
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.server.requests import SamplingFields
+from agentkv.local.engine.sampling import SamplingParams
 
 MAX_LOGIT_BIAS = 100.0
 
@@ -38,8 +40,8 @@ def logit_bias(raw: Mapping[str, float] | None, vocab_size: int) -> dict[int, fl
         return {}
     bad = [key for key in raw if not _is_int(key)]
     if bad:
-        raise RequestError(f"Invalid key(s) in logit_bias: {bad}. Keys must be token ids given as integers.",
-                           param="logit_bias")
+        raise RequestError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad} "
+                           f"(parameter=logit_bias, value={bad})", param="logit_bias")
     bias = {int(key): max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(value))) for key, value in raw.items()}
     check_token_ids(list(bias), vocab_size, "logit_bias")
     return bias
@@ -53,34 +55,51 @@ def _is_int(text: str) -> bool:
     return True
 
 
+_EPS = 1e-5
+"""Below this temperature vLLM samples greedily."""
+
+
 def _verify(request: SamplingFields, max_tokens: int) -> None:
-    """vLLM's ``SamplingParams._verify_args`` for the fields agentkv serves."""
-    checks: list[tuple[bool, str, str, Any]] = [
-        (request.n is not None and request.n < 1, "n", "n must be at least 1, got {}.", request.n),
-        (request.temperature is not None and request.temperature < 0, "temperature",
-         "temperature must be non-negative, got {}.", request.temperature),
+    """vLLM 0.32's ``SamplingParams._verify_args`` for the fields agentkv serves, in its order and wording.
+
+    Only some of vLLM's checks name their parameter (``... (parameter=P, value=V)`` and ``param`` in the JSON);
+    the others leave ``param`` null, and so do these.
+    """
+    temperature, n = request.temperature, request.n if request.n is not None else 1
+    checks: list[tuple[bool, str | None, str, Any]] = [
+        (n < 1, None, "n must be at least 1, got {}.", n),
+        (request.presence_penalty is not None and not -2 <= request.presence_penalty <= 2, None,
+         "presence_penalty must be in [-2, 2], got {}.", request.presence_penalty),
+        (request.frequency_penalty is not None and not -2 <= request.frequency_penalty <= 2, None,
+         "frequency_penalty must be in [-2, 2], got {}.", request.frequency_penalty),
+        (request.repetition_penalty is not None and not math.isfinite(request.repetition_penalty), None,
+         "repetition_penalty must be a finite number, got {}.", request.repetition_penalty),
+        (request.repetition_penalty is not None and request.repetition_penalty <= 0, None,
+         "repetition_penalty must be greater than zero, got {}.", request.repetition_penalty),
+        (temperature is not None and not math.isfinite(temperature), "temperature",
+         "temperature must be a finite number, got {}.", temperature),
+        (temperature is not None and temperature < 0, "temperature", "temperature must be non-negative, got {}.",
+         temperature),
+        (temperature is not None and temperature > 2, "temperature", "temperature must be in [0, 2], got {}.",
+         temperature),
         (request.top_p is not None and not 0 < request.top_p <= 1, "top_p", "top_p must be in (0, 1], got {}.",
          request.top_p),
-        (request.top_k is not None and request.top_k < -1, "top_k",
-         "top_k must be 0 (disable), or at least 1, got {}.", request.top_k),
-        (request.min_p is not None and not 0 <= request.min_p <= 1, "min_p", "min_p must be in [0, 1], got {}.",
+        (request.top_k is not None and request.top_k < -1, None, "top_k must be 0 (disable), or at least 1, got {}.",
+         request.top_k),
+        (request.min_p is not None and not 0 <= request.min_p <= 1, None, "min_p must be in [0, 1], got {}.",
          request.min_p),
-        (request.presence_penalty is not None and not -2 <= request.presence_penalty <= 2, "presence_penalty",
-         "presence_penalty must be in [-2, 2], got {}.", request.presence_penalty),
-        (request.frequency_penalty is not None and not -2 <= request.frequency_penalty <= 2, "frequency_penalty",
-         "frequency_penalty must be in [-2, 2], got {}.", request.frequency_penalty),
-        (request.repetition_penalty is not None and request.repetition_penalty <= 0, "repetition_penalty",
-         "repetition_penalty must be greater than zero, got {}.", request.repetition_penalty),
         (max_tokens < 1, "max_tokens", "max_tokens must be at least 1, got {}.", max_tokens),
-        (request.min_tokens < 0, "min_tokens", "min_tokens must be greater than or equal to 0, got {}.",
-         request.min_tokens),
-        (request.min_tokens > max_tokens, "min_tokens",
+        (request.min_tokens < 0, None, "min_tokens must be greater than or equal to 0, got {}.", request.min_tokens),
+        (request.min_tokens > max_tokens, None,
          f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {{}}.", request.min_tokens),
-        (any(s == "" for s in request.stops()), "stop", "stop cannot contain an empty string.{}", ""),
+        (any(s == "" for s in request.stops()), None, "stop cannot contain an empty string.{}", ""),
+        (temperature is not None and temperature < _EPS and n > 1, None,
+         "n must be 1 when using greedy sampling, got {}.", n),
     ]
     for failed, param, message, value in checks:
         if failed:
-            raise RequestError(f"{message.format(value)} (parameter={param}, value={value})", param=param)
+            text = message.format(value)
+            raise RequestError(f"{text} (parameter={param}, value={value})" if param else text, param=param)
 
 
 def _check_logprobs(kind: str, count: int | None, vocab_size: int, max_logprobs: int) -> None:
@@ -122,9 +141,12 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, vocab_size: int
     allowed = request.allowed_token_ids
     if allowed is not None:
         if not allowed:
-            raise RequestError("allowed_token_ids is not None and empty!", param="allowed_token_ids")
-        if any(i < 0 or i >= vocab_size for i in allowed):
-            raise RequestError("allowed_token_ids contains out-of-vocab token id!", param="allowed_token_ids")
+            raise RequestError("allowed_token_ids is not None and empty! (parameter=allowed_token_ids, value=[])",
+                               param="allowed_token_ids")
+        outside = [i for i in allowed if i < 0 or i >= vocab_size]
+        if outside:
+            raise RequestError(f"allowed_token_ids contains out-of-vocab token id! (parameter=allowed_token_ids, "
+                               f"value={outside})", param="allowed_token_ids")
     temperature = request.temperature if request.temperature is not None else default_temperature
     return SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=request.top_p if request.top_p is not None else 1.0,

@@ -1,7 +1,7 @@
 """Structured outputs with xgrammar: a grammar compiled once per request, a matcher per sequence.
 
 The spec is what vLLM's ``StructuredOutputsParams`` carries: ``json`` (a schema), ``json_object``, ``regex``,
-``choice``, ``grammar`` (EBNF) or a ``structural_tag``-free tool-call form built by :mod:`agentkv.local.tools`.
+``choice``, ``grammar`` (EBNF) or a ``structural_tag``-free tool-call form built by :mod:`agentkv.local.server.tools`.
 JSON is compiled without free whitespace (vLLM's ``disable_any_whitespace``) so that even a random-weight model
 reaches the end of the document within a few dozen tokens.
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 if TYPE_CHECKING:
     import torch
 
-    from agentkv.local.codec import Codec
+    from agentkv.local.engine.codec import Codec
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Counters and gauges are read from the engine at scrape time (so ``num_requests_running``,
 ``num_requests_waiting`` and ``kv_cache_usage_perc`` are 0 whenever the engine is idle); histograms are fed by
-the engine's per-request :class:`~agentkv.local.scheduler.RequestTrace`. Every sample is labelled with
+the engine's per-request :class:`~agentkv.local.engine.scheduler.RequestTrace`. Every sample is labelled with
 ``model_name`` and ``engine`` as vLLM labels them; prefix-cache counters count tokens.
 
 Usage::
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from agentkv.local.scheduler import RequestTrace
+from agentkv.local.engine.scheduler import RequestTrace
 
 if TYPE_CHECKING:
     from agentkv.local.engine import LocalEngine

@@ -5,7 +5,9 @@ look-alikes encoded as text) with agentkv's ChatML/Qwen template, so the engine 
 :mod:`agentkv.tokens.encodings` counts. :class:`HFCodec` wraps a checkpoint's own tokenizer and, when it has one, its
 chat template.
 
-Chat prompts are rendered to text and then encoded without special tokens, as vLLM does for chat requests.
+Chat prompts are rendered to text and then encoded without special tokens, as vLLM does for chat requests; the
+messages reach the template as vLLM passes them (:mod:`agentkv.local.engine.chat_format`: content parts joined with
+``"\n"`` unless the template iterates over content, tool-call arguments parsed).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
+from agentkv.local.engine.chat_format import content_format, template_messages
 from agentkv.tokens import encodings
-from agentkv.tokens.templates import normalise_messages, render_chat
+from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE, render_chat
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Codec(Protocol):
     eos_token_ids: frozenset[int]
     vocab_ids: int
     """Ids ``0 .. vocab_ids-1`` may be decoded; the engine never samples others."""
+    max_chars_per_token: int
+    """The longest token's length: no text longer than ``window * max_chars_per_token`` fits the window."""
 
     def render(self, chat: ChatRequest) -> str: ...
 
@@ -56,7 +61,7 @@ def _cut_after_final_message(text: str, messages: Sequence[Mapping[str, Any]]) -
     """Drop what the template wrote after the final message's content (``continue_final_message``)."""
     if not messages:
         return text
-    final = normalise_messages(messages[-1:])[0].get("content") or ""
+    final = template_messages(messages[-1:], "string")[0].get("content") or ""
     index = text.rfind(final) if final else -1
     return text[: index + len(final)] if index >= 0 else text
 
@@ -64,7 +69,7 @@ def _cut_after_final_message(text: str, messages: Sequence[Mapping[str, Any]]) -
 def render_with_template(chat: ChatRequest, template: str | None = None) -> str:
     """``chat`` rendered with a Jinja ``template`` (agentkv's ChatML/Qwen template by default)."""
     text = render_chat(
-        chat.messages,
+        template_messages(chat.messages, content_format(template or CHATML_TOOLS_TEMPLATE)),
         chat.tools,
         tool_choice=chat.tool_choice,
         add_generation_prompt=chat.add_generation_prompt and not chat.continue_final_message,
@@ -82,6 +87,7 @@ class TiktokenCodec:
         self.template = template
         self.eos_token_ids = frozenset({encodings.eos_token_id(self.encoding)})
         self.vocab_ids = int(self.encoding.n_vocab)
+        self.max_chars_per_token = max(len(b) for b in self.encoding.token_byte_values())
 
     def render(self, chat: ChatRequest) -> str:
         """The prompt text for ``chat``."""
@@ -113,13 +119,15 @@ class HFCodec:
         eos = tokenizer.eos_token_id
         self.eos_token_ids = frozenset({eos} if eos is not None else set())
         self.vocab_ids = len(tokenizer)
+        self.max_chars_per_token = max(len(token) for token in tokenizer.get_vocab())  # as vLLM measures it
 
     def render(self, chat: ChatRequest) -> str:
         """The prompt text for ``chat``, through the tokenizer's own template when it has one."""
-        if not getattr(self.tokenizer, "chat_template", None):
+        template = getattr(self.tokenizer, "chat_template", None)
+        if not template or not isinstance(template, str):
             return render_with_template(chat)
         return self.tokenizer.apply_chat_template(
-            normalise_messages(chat.messages),
+            template_messages(chat.messages, content_format(template)),
             tools=list(chat.tools) if chat.tools else None,
             tokenize=False,
             add_generation_prompt=chat.add_generation_prompt and not chat.continue_final_message,

@@ -13,17 +13,18 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from agentkv.local import protocol, tools
-from agentkv.local.codec import ChatRequest
 from agentkv.local.engine import Delta, Generation
-from agentkv.local.grammar import GrammarError, GrammarSpec, bounded
-from agentkv.local.limits import check_length, resolve_max_tokens
-from agentkv.local.requests import ChatCompletionRequest, RequestError
-from agentkv.local.validation import grammar_spec, sampling_params
-from agentkv.local.sampling import SamplingParams
+from agentkv.local.engine.codec import ChatRequest
+from agentkv.local.engine.limits import output_over_window, resolve_max_tokens
+from agentkv.local.engine.sampling import SamplingParams
+from agentkv.local.server import protocol, tools
+from agentkv.local.server.prompts import compile_constraint, refuse, token_text, tokenize_text
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.server.requests import ChatCompletionRequest
+from agentkv.local.server.validation import grammar_spec, sampling_params
 
 if TYPE_CHECKING:
-    from agentkv.local.routes import Served
+    from agentkv.local.server.served import Served
 
 _TAG = "<tool_call>"
 
@@ -46,6 +47,8 @@ class ChatPlan:
     details: bool
     token_ids: bool = False
     tokens_as_ids: bool = False
+    block_size: int = 16
+    fingerprint: str | None = None
 
     @property
     def n(self) -> int:
@@ -61,23 +64,13 @@ class ChatPlan:
         return "required" if self.tool_choice == "required" else "named"
 
 
-def compile_constraint(served: Served, spec: GrammarSpec | None) -> Any:
-    """The compiled grammar for ``spec`` (None for none), bounded unless the server says not; a bad one is a 400."""
-    if spec is None:
-        return None
-    try:
-        return served.compile_grammar(bounded(spec) if served.options.bound_json else spec)
-    except GrammarError as exc:
-        raise RequestError(str(exc), param="structured_outputs") from None
-
-
 def _echo_text(request: ChatCompletionRequest) -> str:
     """With ``echo``, the final message's text when it is the assistant's (what vLLM prepends)."""
     if not request.echo or not request.messages or request.messages[-1].role != "assistant":
         return ""
     content = request.messages[-1].content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content)
+        return "\n".join(str(p.get("text", "")) for p in content)
     return content or ""
 
 
@@ -88,16 +81,13 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> ChatPlan:
     tool_list = [t.model_dump(exclude_none=True) for t in request.tools or []] or None
     tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") \
         else request.tool_choice
+    requested, param = request.output_budget()
+    refuse(output_over_window(requested, served.max_model_len, param))
+    if not messages:
+        raise RequestError("Cannot apply chat template to an empty conversation. Provide at least one message.")
     chat = ChatRequest(messages, tool_list, tool_choice, request.add_generation_prompt,
                        request.continue_final_message, dict(request.chat_template_kwargs or {}))
-    tokens = engine.encode_chat(chat, add_special_tokens=request.add_special_tokens)
-    requested, param = request.output_budget()
-    error = check_length(len(tokens), requested, served.max_model_len, param=param)
-    if error is not None:
-        raise RequestError(error.message, param=error.param)
-    if requested is not None and requested < 1:
-        raise RequestError(f"{param} must be at least 1, got {requested}. (parameter={param}, value={requested})",
-                           param=param)
+    tokens = tokenize_text(engine, engine.codec.render(chat), served.max_model_len, request.add_special_tokens)
     max_tokens = resolve_max_tokens(len(tokens), requested, served.max_model_len)
     spec = grammar_spec(request)
     forced = tools.forced_tool_spec(tool_list, tool_choice, bool(request.parallel_tool_calls))
@@ -118,11 +108,13 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> ChatPlan:
                     bool(options and options.include_usage),
                     bool(options and options.include_usage and options.continuous_usage_stats),
                     served.options.enable_prompt_tokens_details, bool(request.return_token_ids),
-                    bool(request.return_tokens_as_token_ids))
+                    bool(request.return_tokens_as_token_ids), engine.prefix_cache.block_size,
+                    protocol.fingerprint(served.root, served.max_model_len))
 
 
 def _usage(plan: ChatPlan, completion_tokens: int, cached: int) -> dict[str, Any]:
-    return protocol.usage(len(plan.tokens), completion_tokens, cached if plan.details else None)
+    created = protocol.created_cache_tokens(len(plan.tokens), cached, plan.block_size)
+    return protocol.usage(len(plan.tokens), completion_tokens, cached if plan.details else None, created)
 
 
 def chat_whole(served: Served, plan: ChatPlan, abort: threading.Event) -> dict[str, Any]:
@@ -146,25 +138,10 @@ def chat_whole(served: Served, plan: ChatPlan, abort: threading.Event) -> dict[s
         choices.append(choice)
     usage = _usage(plan, sum(r.completion_tokens for r in results), results[0].cached_tokens)
     prompt_lps = protocol.prompt_logprobs(results[0].prompt_logprobs, text_of)
-    response = protocol.chat_completion(plan.ids, choices, usage, prompt_lps)
+    response = protocol.chat_completion(plan.ids, choices, usage, prompt_lps, plan.fingerprint)
     if plan.token_ids:
         response["prompt_token_ids"] = list(plan.tokens)
     return response
-
-
-def token_text(served: Served, as_ids: bool = False) -> protocol.TokenText:
-    """A token's own text for logprob entries ("" for ids the tokenizer cannot decode), or ``token_id:N``."""
-    codec = served.engine.codec
-
-    def text(token_id: int) -> str:
-        if as_ids:
-            return f"token_id:{token_id}"
-        try:
-            return codec.token_strs([token_id])[0]
-        except (KeyError, ValueError, IndexError):
-            return ""
-
-    return text
 
 
 class _Choice:
@@ -274,7 +251,8 @@ def chat_events(served: Served, plan: ChatPlan, abort: threading.Event) -> Itera
             return _usage(plan, tokens, cached) if plan.continuous_usage else None
 
         for i in range(plan.n):
-            first = protocol.chat_chunk(ids, i, {"role": "assistant", "content": ""}, usage_=usage_now(0))
+            first = protocol.chat_chunk(ids, i, {"role": "assistant", "content": ""}, usage_=usage_now(0),
+                                        first=True)
             if plan.token_ids and i == 0:
                 first["prompt_token_ids"] = list(plan.tokens)
             yield protocol.sse(first)
@@ -291,14 +269,17 @@ def chat_events(served: Served, plan: ChatPlan, abort: threading.Event) -> Itera
                     cached = results.get(0, item).cached_tokens
                     active.remove(i)
                 for delta, logprobs, finish, stop, token_ids in choices[i].feed(item):
+                    terminal = finish is not None and not plan.include_usage
                     chunk = protocol.chat_chunk(ids, i, delta, finish_reason=finish, stop_reason=stop,
+                                                system_fingerprint=plan.fingerprint if terminal else None,
                                                 logprobs=logprobs, usage_=usage_now(choices[i].tokens))
                     if plan.token_ids:
                         chunk["choices"][0]["token_ids"] = token_ids
                     yield protocol.sse(chunk)
         if plan.include_usage:
             total = sum(r.completion_tokens for r in results.values())
-            yield protocol.sse(protocol.usage_chunk(ids, _usage(plan, total, results[0].cached_tokens)))
+            yield protocol.sse(protocol.usage_chunk(ids, _usage(plan, total, results[0].cached_tokens),
+                                                    system_fingerprint=plan.fingerprint))
         yield protocol.sse("[DONE]")
     finally:
         for stream in streams:
@@ -312,4 +293,4 @@ def _chain(first: Delta | Generation, rest: Iterator[Delta | Generation]) -> Ite
     yield from rest
 
 
-__all__: Sequence[str] = ["ChatPlan", "chat_events", "chat_whole", "plan_chat", "token_text"]
+__all__: Sequence[str] = ["ChatPlan", "chat_events", "chat_whole", "plan_chat"]

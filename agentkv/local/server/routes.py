@@ -15,58 +15,18 @@ import json
 import threading
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 from agentkv.events import emit
-from agentkv.local import protocol
-from agentkv.local.chat import ChatPlan, chat_events, chat_whole, plan_chat
-from agentkv.local.codec import ChatRequest
-from agentkv.local.completions import completion_events, completion_whole, plan_completion
-from agentkv.local.engine import LocalEngine
-from agentkv.local.grammar import GrammarSpec
-from agentkv.local.limits import error_body
-from agentkv.local.requests import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    RequestError,
-    TokenizeRequest,
-    parse,
-)
-from agentkv.local.validation import check_token_ids
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """Server-wide switches, as vLLM's CLI flags of the same names."""
-
-    enable_prompt_tokens_details: bool = False
-    max_logprobs: int = 20
-    bound_json: bool = True
-    """Add size bounds to JSON grammars where the schema leaves strings, arrays or numbers unbounded."""
-
-
-class Served(Protocol):
-    """What the routes need from the server: the engine, how it is presented, and its options."""
-
-    engine: LocalEngine
-    created: int
-    root: str
-    options: ServeOptions
-
-    @property
-    def model_id(self) -> str: ...
-
-    @property
-    def max_model_len(self) -> int: ...
-
-    def record(self, method: str, path: str, body: Any) -> None: ...
-
-    def compile_grammar(self, spec: GrammarSpec) -> Any: ...
-
-    def observe_params(self, n: int, max_tokens: int) -> None: ...
-
-    def metrics_text(self) -> str: ...
+from agentkv.local.engine.codec import ChatRequest
+from agentkv.local.engine.limits import error_body
+from agentkv.local.server import protocol
+from agentkv.local.server.chat import ChatPlan, chat_events, chat_whole, plan_chat
+from agentkv.local.server.completions import completion_events, completion_whole, plan_completion
+from agentkv.local.server.request_errors import UNPARSABLE_BODY, RequestError, validation_error
+from agentkv.local.server.requests import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
+from agentkv.local.server.served import Served
+from agentkv.local.server.validation import check_token_ids
 
 
 @dataclass
@@ -104,7 +64,7 @@ class Reply:
 
 def _check_model(served: Served, model: str | None) -> None:
     if model is not None and model != served.model_id:
-        raise protocol.model_not_found(model)
+        raise protocol.model_not_found(model, served.model_id)
 
 
 def list_models(served: Served, body: Any, reply: Reply) -> Reply:
@@ -155,6 +115,8 @@ def tokenize(served: Served, body: Any, reply: Reply) -> Reply:
     _check_model(served, request.model)
     engine = served.engine
     if request.messages is not None:
+        if not request.messages:
+            raise RequestError("Cannot apply chat template to an empty conversation. Provide at least one message.")
         chat = ChatRequest([m.model_dump(exclude_none=True) for m in request.messages],
                            [t.model_dump(exclude_none=True) for t in request.tools or []] or None, None,
                            request.add_generation_prompt, request.continue_final_message,
@@ -250,12 +212,16 @@ _JSON_BODY = {"/v1/chat/completions", "/v1/completions", "/invocations", "/token
 
 
 def _parse_body(raw: bytes) -> Any:
+    """The JSON body (None when empty); a syntax error or a nesting too deep to parse is a 400, as FastAPI's."""
     if not raw.strip():
         return None
     try:
         return json.loads(raw)
-    except ValueError as exc:
-        raise RequestError(f"Invalid JSON in request body: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise validation_error([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+                                 "input": {}, "ctx": {"error": exc.msg}}]) from None
+    except (ValueError, RecursionError):  # not UTF-8, or nested past the recursion limit: never a 500
+        raise RequestError("There was an error parsing the body", body=UNPARSABLE_BODY) from None
 
 
 def _check_content_type(path: str, content_type: str | None) -> None:
@@ -263,7 +229,7 @@ def _check_content_type(path: str, content_type: str | None) -> None:
     if content_type is None or path not in _JSON_BODY:
         return
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        raise RequestError("[\"Unsupported Media Type: Only 'application/json' is allowed\"]")
+        raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
 
 
 def handle(served: Served, method: str, path: str, raw: bytes, content_type: str | None = None) -> Reply:
@@ -294,4 +260,4 @@ def handle(served: Served, method: str, path: str, raw: bytes, content_type: str
         return Reply(status=500, body=error_body(str(exc), type="InternalServerError", code=500))
 
 
-__all__ = ["ROUTES", "Reply", "ServeOptions", "Served", "handle"]
+__all__ = ["ROUTES", "Reply", "handle"]

@@ -2,7 +2,7 @@
 
 A request reuses the longest run of cached 16-token blocks of its prompt (never the final token), prefills only
 the rest, and caches every full block of the prompt and of the generated text for the next request. Concurrent
-requests take turns on the model through a first-come-first-served :class:`~agentkv.local.scheduler.FairLock`:
+requests take turns on the model through a first-come-first-served :class:`~agentkv.local.engine.scheduler.FairLock`:
 a prefill is one turn, each decode step another, so running requests interleave token by token and a new one
 waits (``waiting``) only until the turn in progress ends. A request whose ``abort`` event is set, or whose
 stream is closed, stops at its next step and its KV is freed.
@@ -20,19 +20,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from agentkv.events import emit
-from agentkv.local import kv
-from agentkv.local.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
-from agentkv.local.decoding import Detokenizer, Sampler, logit_bias, token_logprob
-from agentkv.local.limits import ContextLengthExceeded, check_length
-from agentkv.local.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
-from agentkv.local.prefix_cache import PrefixCache
-from agentkv.local.sampling import SamplingParams, StopChecker, TokenLogprob
-from agentkv.local.scheduler import Aborted, FairLock, RequestTrace
+from agentkv.local.engine import kv
+from agentkv.local.engine.codec import ChatRequest, Codec, HFCodec, TiktokenCodec
+from agentkv.local.engine.decoding import Detokenizer, Sampler, logit_bias, token_logprob
+from agentkv.local.engine.limits import ContextLengthExceeded, engine_check
+from agentkv.local.engine.models import DEFAULT_WINDOWS, build_model, generation_eos_ids, intra_op_threads, load_model
+from agentkv.local.engine.prefix_cache import PrefixCache
+from agentkv.local.engine.sampling import SamplingParams, StopChecker, TokenLogprob
+from agentkv.local.engine.scheduler import Aborted, FairLock, RequestTrace
 
 if TYPE_CHECKING:
     import torch
@@ -143,7 +143,7 @@ class LocalEngine:
     ) -> None:
         """``num_blocks`` bounds the prefix cache in blocks as well as bytes (vLLM's ``--num-gpu-blocks-override``);
         ``eviction_policy`` is ``"fair"`` (the salt group furthest over its fair share loses its coldest block
-        first) or ``"lru"`` (vLLM's order): see :mod:`agentkv.local.eviction`."""
+        first) or ``"lru"`` (vLLM's order): see :mod:`agentkv.local.engine.eviction`."""
         self.model = model
         self.codec: Codec = codec or TiktokenCodec()
         self.model_id = model_id
@@ -161,7 +161,7 @@ class LocalEngine:
         self._running: dict[int, int] = {}  # id(request) -> tokens of KV it holds
         self._waiting = 0
         self.observers: list[Any] = []
-        """Callables given a :class:`~agentkv.local.scheduler.RequestTrace` when a request ends (metrics)."""
+        """Callables given a :class:`~agentkv.local.engine.scheduler.RequestTrace` when a request ends (metrics)."""
         emit("local.engine.ready", model_id=model_id, max_model_len=self.max_model_len,
              layers=self.num_layers, parameters=sum(p.numel() for p in model.parameters()))
 
@@ -235,7 +235,7 @@ class LocalEngine:
         return self.codec.encode(self.render(messages, *args, **kwargs), add_special_tokens=False)
 
     def encode_chat(self, chat: ChatRequest, *, add_special_tokens: bool = False) -> list[int]:
-        """The token ids of a rendered :class:`~agentkv.local.codec.ChatRequest` (what the server prefills)."""
+        """The token ids of a rendered :class:`~agentkv.local.engine.codec.ChatRequest` (what the server prefills)."""
         return self.codec.encode(self.codec.render(chat), add_special_tokens=add_special_tokens)
 
     def tokenize_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
@@ -253,7 +253,7 @@ class LocalEngine:
         temperature: float = 0.0, seed: int | None = None, params: SamplingParams | None = None,
         abort: threading.Event | None = None,
     ) -> Generation:
-        """Run one request to completion (raises :class:`ContextLengthExceeded` when it does not fit)."""
+        """Run one request to completion (raises :class:`ContextLengthExceeded` when the prompt leaves no room)."""
         for item in self.stream(token_ids, max_tokens, cache_salt=cache_salt, temperature=temperature, seed=seed,
                                 params=params, abort=abort):
             if isinstance(item, Generation):
@@ -276,9 +276,12 @@ class LocalEngine:
         if params is None:
             params = SamplingParams(max_tokens=int(max_tokens or 0), temperature=temperature,
                                     seed=0 if seed is None else seed)
-        error = check_length(len(prompt), params.max_tokens, self.max_model_len)
+        error = engine_check(len(prompt), self.max_model_len)
         if error is not None:
             raise ContextLengthExceeded(error)
+        room = self.max_model_len - len(prompt)
+        if params.max_tokens > room:  # the window ends generation ("length"), as vLLM's scheduler caps it
+            params = replace(params, max_tokens=room)
         return self._run(prompt, params, cache_salt, abort or threading.Event())
 
     def prefill_logits(self, token_ids: Sequence[int], cache_salt: str | None = None) -> tuple[torch.Tensor, int]:

@@ -4,7 +4,7 @@ Each full block of ``block_size`` tokens is keyed by ``sha256(parent hash, cache
 so a block's key names its whole prefix, and requests with different salts never share a block. Only full
 blocks are cached. A request reuses the longest run of cached leading blocks and computes the rest.
 
-Eviction (:mod:`agentkv.local.eviction`) is tenant-fair by default: the salt group furthest over its fair share
+Eviction (:mod:`agentkv.local.engine.eviction`) is tenant-fair by default: the salt group furthest over its fair share
 loses its coldest block; ``policy="lru"`` evicts the coldest block of all, as vLLM does. Either way, when a chain is
 used its blocks are touched tail-first, so that under pressure the tail of a prefix goes before its head (the head
 is what the next request most likely shares), and blocks a running request has pinned are never evicted.
@@ -12,7 +12,8 @@ is what the next request most likely shares), and blocks a running request has p
 Not thread-safe: :class:`~agentkv.local.engine.LocalEngine` calls it under its request lock.
 
 With ``on_events`` set, each operation that changes what the cache holds reports it once, as a list of
-:class:`CacheEvent` (what :mod:`agentkv.local.kv_events` publishes the way vLLM does); unset, it costs nothing.
+:class:`CacheEvent` (the server's KV-event publisher, :mod:`agentkv.local.server.kv_events`, sets it and publishes them the
+way vLLM does); unset, it costs nothing.
 
 Usage::
 
@@ -29,9 +30,9 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
-from agentkv.local.eviction import EvictionPolicy, GroupFacts, check_policy, victim_group
+from agentkv.local.engine.eviction import EvictionPolicy, GroupFacts, check_policy, victim_group
 
 if TYPE_CHECKING:
     import torch
@@ -106,16 +107,6 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = N
         parent = block_hash(parent, token_ids[start : start + block_size], salt)
         hashes.append(parent)
     return hashes
-
-
-class _Silent:
-    """The publisher when events are off."""
-
-    def shutdown(self) -> None:
-        return None
-
-
-_SILENT = _Silent()
 
 
 class PrefixCache:
@@ -242,19 +233,6 @@ class PrefixCache:
         self._evicted.clear()
         if self.on_events is not None:
             self.on_events([CacheEvent("cleared")])
-
-    def publish_events(self, config: Any) -> Any:
-        """Publish this cache's changes as vLLM's KV events (``config``: vLLM's ``--kv-events-config``).
-
-        Returns the publisher (``shutdown()`` it when done). ``None`` publishes nothing and imports nothing.
-        """
-        if config is None:
-            return _SILENT
-        from agentkv.local.kv_events import make_publisher
-
-        publisher = make_publisher(config, block_size=self.block_size)
-        self.on_events = publisher.publish_cache_events
-        return publisher
 
     def _report(self, stored: list[CacheEvent]) -> None:
         """Send this operation's evictions (first: they made room) and stores, if any."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Collection, Sequence
 
-from agentkv.local.sampling import SamplingParams, TokenLogprob
+from agentkv.local.engine.sampling import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     import torch
 
-    from agentkv.local.codec import Codec
+    from agentkv.local.engine.codec import Codec
 
 _REPLACEMENT = "\ufffd"
 

@@ -7,12 +7,13 @@ Mirrors ``vllm/distributed/kv_events.py`` so that a subscriber written for vLLM 
   ``max_queue_size``, ``topic``);
 - sockets: a PUB socket (bound when the endpoint has ``*``, ``::``, ``ipc://`` or ``inproc://``, else
   connected, as vLLM decides) and, with ``replay_endpoint``, a bound ROUTER that answers an 8-byte big-endian
-  start sequence with every buffered ``(seq, payload)`` from there on, then ``(-1, b"")``;
-- framing: multipart ``(topic, seq as 8-byte big-endian, payload)``, ``seq`` counting from 0;
-- encoding: msgspec msgpack of :class:`KVEventBatch`: the batch a map ``{ts, events, data_parallel_rank}``,
-  each event a map tagged ``"type"`` (vLLM's main no longer declares ``array_like`` on the batch or the events;
-  releases before vllm-project/vllm#42892 sent both as arrays, which the ledger still reads),
-  block hashes as vLLM's default integer form (the digest's low 64 bits), ``medium`` ``"GPU"``, group 0
+  start sequence with every buffered batch from there on, then an end marker;
+- framing: published multipart ``(topic, seq as 8-byte big-endian, payload)``, ``seq`` counting from 0. A replay
+  reply is ``(identity, b"", topic, seq, payload)`` and the end marker ``(identity, b"", b"", seq -1, b"")``, so
+  a DEALER reads 4 frames each (empty delimiter, topic, seq, payload) and a REQ 3, as from vLLM 0.32;
+- encoding: msgspec msgpack of :class:`KVEventBatch`: the batch an outer array ``[ts, events, dp_rank]``
+  (``array_like``), each event a map tagged ``"type"`` (vLLM 0.32's ``kv_events.py``; fields at their default
+  are left out), block hashes as vLLM's default integer form (the digest's low 64 bits), ``medium`` ``"GPU"``, group 0
   ``"full_attention"``, and ``extra_keys`` one entry per block: ``(cache_salt,)`` on a chain's first block
   when the request has a salt, ``None`` otherwise (vLLM's ``generate_block_hash_extra_keys``).
 
@@ -39,7 +40,7 @@ import zmq
 
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
-from agentkv.local.prefix_cache import CacheEvent
+from agentkv.local.engine.prefix_cache import CacheEvent
 
 __all__ = [
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "KVEventBatch", "KVEventsConfig",
@@ -82,7 +83,7 @@ class KVEventsConfig:
 # --- the wire structs: fields, order and struct options as vllm/distributed/kv_events.py ----------------
 
 
-class EventBatch(msgspec.Struct, omit_defaults=True, gc=False):
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
@@ -104,12 +105,17 @@ class BlockStored(KVCacheEvent):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[int | bytes]
     medium: str | None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -253,7 +259,8 @@ class ZmqEventPublisher:
             self._buffer.append((seq, payload))
 
     def _serve_replay(self) -> None:
-        """Answer ``[identity, b"", start]`` with ``[identity, b"", seq, payload]`` per buffered batch, then the end."""
+        """Answer ``[identity, b"", start]`` with ``[identity, b"", topic, seq, payload]`` per buffered batch from
+        ``start`` on, then the end marker ``[identity, b"", b"", -1, b""]``, exactly as vLLM 0.32's publisher."""
         assert self._replay is not None
         frames = self._replay.recv_multipart()
         if len(frames) != 3:
@@ -263,8 +270,8 @@ class ZmqEventPublisher:
         start = int.from_bytes(start_bytes, "big")
         for seq, payload in list(self._buffer):
             if seq >= start:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
 
 def make_publisher(config: KVEventsConfig | str | Mapping[str, Any] | None, *, block_size: int = 16,

@@ -1,37 +1,45 @@
 """The local server: a :class:`~agentkv.local.engine.LocalEngine` behind vLLM's OpenAI-compatible HTTP API.
 
-Starlette under uvicorn, as vLLM serves, bound to 127.0.0.1; this module is the only socket code and stays thin:
-:func:`routes.handle` decides, worker threads run the engine, and a client that disconnects has its request
-aborted. It runs in a daemon thread of the caller's process (tests, the demo) or in the foreground
-(``agentkv serve``). The served model id and window can be changed while it
-runs, as when a swap slot loads another model, and every request is logged for tests to inspect.
+Uvicorn serves the ASGI app of :mod:`agentkv.local.server.asgi` on 127.0.0.1; :func:`routes.handle` decides,
+worker threads run the engine. This module owns the socket, the thread pools, the KV-event publisher and the
+lifecycle. It runs in a daemon thread of the caller's process (tests, the demo) or in the foreground (``agentkv
+serve``). The served model id and window can be changed while it runs, as when a swap slot loads another model,
+and, when asked (``request_log=N``), the last ``N`` requests are kept for tests to inspect. What a client may make
+it hold is bounded (:mod:`agentkv.local.server.bounds`): no request bodies kept by default, bodies over
+``max_body_bytes`` answered 413, clients slower than ``client_timeout_s`` dropped.
 
 Usage::
 
     with LocalServer.from_size("small", window=2048) as server:
         litellm.completion(model="hosted_vllm/agentkv-small", api_base=server.api_base, messages=...)
         server.max_model_len = 4096
-        server.requests        # [LoggedRequest(method, path, body), ...]
+        server.requests        # with request_log=N: [LoggedRequest(method, path, body), ...]
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
+import inspect
 import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from agentkv.events import emit
-from agentkv.local import protocol, routes
 from agentkv.local.engine import LocalEngine
-from agentkv.local.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
-from agentkv.local.limits import error_body
-from agentkv.local.metrics import ServerMetrics
+from agentkv.local.engine.grammar import CompiledGrammar, GrammarCompiler, GrammarSpec
+from agentkv.local.server.asgi import app
+from agentkv.local.server.bounds import (
+    DEFAULT_CLIENT_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    LoggedRequest,
+    RequestLog,
+)
+from agentkv.local.server.connections import deadline_protocol
+from agentkv.local.server.metrics import ServerMetrics
+from agentkv.local.server.served import ServeOptions
 
 _RUNNING: dict[str, LocalEngine] = {}
 """Engines served by running LocalServers of this process, by base URL."""
@@ -55,14 +63,6 @@ def engine_at(api_base: str | None) -> LocalEngine | None:
     return _RUNNING.get(base[: -len("/v1")] if base.endswith("/v1") else base)
 
 
-class LoggedRequest(NamedTuple):
-    """One request as the server received it; ``body`` is the parsed JSON (None when absent or malformed)."""
-
-    method: str
-    path: str
-    body: Any
-
-
 _POOL_THREADS = 256
 """Generation threads per server: each in-flight request holds one while it waits for or takes its turns."""
 _PARSE_THREADS = 4
@@ -70,84 +70,29 @@ _PARSE_THREADS = 4
 pool never delays the 400 for a bad request or the start of a new one."""
 
 
-def _app(served: LocalServer) -> Any:
-    """The ASGI app: one catch-all route that hands the request to :func:`routes.handle`, plus X-Request-Id."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response, StreamingResponse
-    from starlette.routing import Route
+class _NoEvents:
+    """The publisher when KV events are off: nothing to publish, nothing imported."""
 
-    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
-
-    async def endpoint(request: Request) -> Response:
-        raw = await request.body()
-        loop = asyncio.get_running_loop()
-        content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
-        reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
-                                           request.url.path, raw, content_type)
-        headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
-        if reply.events is not None:
-            return StreamingResponse(_relay(served, reply, request), status_code=reply.status,
-                                     media_type=reply.content_type, headers={**headers, "cache-control": "no-cache"})
-        if reply.work is not None:
-            await _finish_unless_gone(served, reply, request)
-        return Response(reply.payload(), status_code=reply.status, media_type=reply.content_type, headers=headers)
-
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
+    def shutdown(self) -> None:
+        return None
 
 
-async def _finish_unless_gone(served: LocalServer, reply: routes.Reply, request: Any) -> None:
-    """Run the reply's deferred work in a worker thread; if the client disconnects meanwhile, abort it."""
-    loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(served.pool, reply.finish)
-    try:
-        while not work.done():
-            await asyncio.wait({work}, timeout=0.05)
-            if not work.done() and await request.is_disconnected():
-                reply.abort.set()
-                emit("local.request.disconnected", path=request.url.path)
-        await work
-    finally:
-        if not work.done():  # cancelled (the server is stopping): stop the generation too
-            reply.abort.set()
+def _publisher(engine: LocalEngine, config: Any) -> Any:
+    """vLLM's publisher for ``config`` wired to the engine's prefix cache; None publishes nothing."""
+    if config is None:
+        return _NoEvents()
+    from agentkv.local.server.kv_events import make_publisher
+
+    publisher = make_publisher(config, block_size=engine.prefix_cache.block_size)
+    engine.prefix_cache.on_events = publisher.publish_cache_events
+    return publisher
 
 
-async def _relay(served: LocalServer, reply: routes.Reply, request: Any) -> Any:
-    """Iterate the reply's SSE events in a worker thread and pass them on; on disconnect, abort the request.
-
-    The worker keeps draining after an abort, so the engine ends the request (and frees its KV) at its next
-    step even though nobody reads the rest.
-    """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    done = object()
-    assert reply.events is not None
-    events = reply.events
-
-    def pump() -> None:
-        try:
-            for event in events:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-        except Exception as exc:  # headers are sent: an error event then [DONE], as vLLM's stream generators do
-            emit("local.stream.failed", level="exception", error=type(exc).__name__)
-            error = error_body(str(exc), type="InternalServerError", code=500)
-            for event in (protocol.sse(error), protocol.sse("[DONE]")):
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-        finally:
-            close = getattr(events, "close", None)
-            if close is not None:
-                close()
-            loop.call_soon_threadsafe(queue.put_nowait, done)
-
-    served.pool.submit(pump)
-    try:
-        while True:
-            item = await queue.get()
-            if item is done:
-                return
-            yield item
-    finally:
-        reply.abort.set()  # a no-op once the stream has ended; stops the request when the client left early
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` split into :class:`LocalServer`'s keyword-only options and the engine's keyword arguments."""
+    own = {name for name, p in inspect.signature(LocalServer.__init__).parameters.items()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "root"}
+    return {k: v for k, v in options.items() if k in own}, {k: v for k, v in options.items() if k not in own}
 
 
 class LocalServer:
@@ -155,16 +100,24 @@ class LocalServer:
 
     def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, *,
                  root: str | None = None, enable_prompt_tokens_details: bool = True,
-                 max_logprobs: int = 20, bound_json: bool = True, kv_events_config: Any = None) -> None:
+                 max_logprobs: int = 20, bound_json: bool = True, kv_events_config: Any = None,
+                 request_log: int = 0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S) -> None:
         """``enable_prompt_tokens_details`` is on for in-process servers (agentkv's demo, examples and tests read
-        ``cached_tokens``); ``agentkv serve`` leaves it off unless ``--enable-prompt-tokens-details``, as vLLM."""
+        ``cached_tokens``); ``agentkv serve`` leaves it off unless ``--enable-prompt-tokens-details``, as vLLM.
+
+        ``request_log``: keep the last N requests for :attr:`requests` (0, the default: keep none).
+        ``max_body_bytes``: larger bodies are answered 413. ``client_timeout_s``: a client's time to send a
+        request's headers, and again its body."""
+        if max_body_bytes < 1 or client_timeout_s <= 0:
+            raise ValueError("max_body_bytes and client_timeout_s must be positive")
         self.engine = engine
-        self.kv_events = engine.prefix_cache.publish_events(kv_events_config)  # vLLM's --kv-events-config
+        self.max_body_bytes, self.client_timeout_s = int(max_body_bytes), float(client_timeout_s)
+        self.kv_events = _publisher(engine, kv_events_config)  # vLLM's --kv-events-config
         self.created = int(time.time())
         self.root = root or engine.model_id
-        self.options = routes.ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
-        self._requests: list[LoggedRequest] = []
-        self._requests_lock = threading.Lock()
+        self.options = ServeOptions(enable_prompt_tokens_details, max_logprobs, bound_json)
+        self._log = RequestLog(request_log)
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP (accepted ones inherit
         # the listener's). Without it, uvicorn's separate header and body writes meet Nagle's algorithm and the
         # client's delayed ACK: ~40 ms on every non-streamed answer (/tokenize, /v1/models) over keep-alive.
@@ -183,21 +136,22 @@ class LocalServer:
 
     @classmethod
     def from_size(cls, size: str = "small", *, window: int | None = None, model_id: str | None = None,
-                  port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
-                  bound_json: bool = True, kv_events_config: Any = None, **engine_kwargs: Any) -> LocalServer:
-        """A server over ``LocalEngine.from_size(size)``, served as ``agentkv-{size}`` unless named."""
+                  port: int = 0, **options: Any) -> LocalServer:
+        """A server over ``LocalEngine.from_size(size)``, served as ``agentkv-{size}`` unless named.
+
+        ``options``: the server's own keyword options (as :class:`LocalServer` takes them), the rest the engine's.
+        """
+        server, engine_kwargs = _split_options(options)
         engine = LocalEngine.from_size(size, model_id=model_id, max_model_len=window, **engine_kwargs)
-        return cls(engine, port=port, enable_prompt_tokens_details=enable_prompt_tokens_details,
-                   max_logprobs=max_logprobs, bound_json=bound_json, kv_events_config=kv_events_config)
+        return cls(engine, port=port, **server)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, window: int | None = None, model_id: str | None = None,
-                        port: int = 0, enable_prompt_tokens_details: bool = True, max_logprobs: int = 20,
-                        bound_json: bool = True, kv_events_config: Any = None, **engine_kwargs: Any) -> LocalServer:
-        """A server over a checkpoint folder; the model id defaults to the folder's name."""
+                        port: int = 0, **options: Any) -> LocalServer:
+        """A server over a checkpoint folder; the model id defaults to the folder's name (``options`` as above)."""
+        server, engine_kwargs = _split_options(options)
         engine = LocalEngine.from_pretrained(path, model_id=model_id, max_model_len=window, **engine_kwargs)
-        return cls(engine, port=port, root=str(path), enable_prompt_tokens_details=enable_prompt_tokens_details,
-                   max_logprobs=max_logprobs, bound_json=bound_json, kv_events_config=kv_events_config)
+        return cls(engine, port=port, root=str(path), **server)
 
     # --- where it listens ------------------------------------------------------------------------
 
@@ -292,23 +246,23 @@ class LocalServer:
         """``/metrics`` exposition text."""
         return self.metrics.render()
 
-    # --- request log -----------------------------------------------------------------------------
+    # --- request log (opt-in) ------------------------------------------------------------------
 
     def record(self, method: str, path: str, body: Any) -> None:
-        """Append one request to :attr:`requests` (called by the routes)."""
-        with self._requests_lock:
-            self._requests.append(LoggedRequest(method, path, body))
+        """Keep one request in the log, if the server keeps one (called by the routes)."""
+        self._log.record(method, path, body)
 
     @property
     def requests(self) -> list[LoggedRequest]:
-        """A copy of every request received since the last :meth:`clear_requests`."""
-        with self._requests_lock:
-            return list(self._requests)
+        """The last ``request_log`` requests since :meth:`clear_requests`, oldest first.
+
+        Raises :class:`~agentkv.local.server.bounds.RequestLogDisabled` on a server started without a log.
+        """
+        return self._log.entries()
 
     def clear_requests(self) -> None:
         """Forget the logged requests."""
-        with self._requests_lock:
-            self._requests.clear()
+        self._log.clear()
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -317,8 +271,9 @@ class LocalServer:
         if self._thread is None:
             import uvicorn
 
-            config = uvicorn.Config(_app(self), log_level="warning", access_log=False, log_config=None,
-                                    timeout_graceful_shutdown=1, lifespan="off")
+            config = uvicorn.Config(app(self), log_level="warning", access_log=False, log_config=None,
+                                    timeout_graceful_shutdown=1, lifespan="off",
+                                    http=deadline_protocol(self.client_timeout_s))
             self._uvicorn = uvicorn.Server(config)
             self._socket.listen(128)
             self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._socket]},

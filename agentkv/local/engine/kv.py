@@ -3,14 +3,14 @@
 Shapes used throughout:
 
 - a layer of a transformers cache, and the per-layer lists of the public API: ``[1, kv_heads, seq, head_dim]``;
-- a cached block (:class:`~agentkv.local.prefix_cache.KVBlock`): ``[layers, kv_heads, block_size, head_dim]``.
+- a cached block (:class:`~agentkv.local.engine.prefix_cache.KVBlock`): ``[layers, kv_heads, block_size, head_dim]``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from agentkv.local.prefix_cache import KVBlock
+from agentkv.local.engine.prefix_cache import KVBlock
 
 if TYPE_CHECKING:
     import torch

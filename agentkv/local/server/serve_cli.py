@@ -16,7 +16,8 @@ import signal
 import threading
 from typing import Any
 
-from agentkv.local.eviction import EVICTION_POLICIES
+from agentkv.local.engine.eviction import EVICTION_POLICIES
+from agentkv.local.server.bounds import DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a random-weight model's JSON closes)")
     parser.add_argument("--max-logprobs", type=int, default=20,
                         help="most logprobs a request may ask for; -1 counts as the vocabulary (vLLM's default 20)")
+    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / (1 << 20),
+                        help="answer larger request bodies 413 (default 32 MiB)")
+    parser.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                        help="seconds a client has to send a request's headers, and again its body (default 30)")
     parser.add_argument("--kv-events-config", default=None,
                         help="vLLM's KV events config as JSON, e.g. "
                              '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
@@ -55,7 +60,8 @@ def _server(args: argparse.Namespace) -> Any:
     engine_kwargs = {"cache_budget_bytes": args.cache_budget_mb << 20, "prefill_threads": args.prefill_threads,
                      "num_blocks": args.num_gpu_blocks_override, "eviction_policy": args.eviction_policy,
                      "enable_prompt_tokens_details": args.enable_prompt_tokens_details,
-                     "max_logprobs": args.max_logprobs, "bound_json": not args.unbounded_json}
+                     "max_logprobs": args.max_logprobs, "bound_json": not args.unbounded_json,
+                     "max_body_bytes": int(args.max_body_mb * (1 << 20)), "client_timeout_s": args.client_timeout}
     if args.model_path:
         return LocalServer.from_pretrained(args.model_path, window=args.window, model_id=args.served_model_name,
                                            port=args.port, kv_events_config=args.kv_events_config, **engine_kwargs)

@@ -11,16 +11,17 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
-from agentkv.local import protocol
-from agentkv.local.chat import compile_constraint, token_text
 from agentkv.local.engine import Delta, Generation
-from agentkv.local.limits import check_length, resolve_max_tokens
-from agentkv.local.requests import CompletionRequest, RequestError
-from agentkv.local.validation import check_token_ids, grammar_spec, sampling_params
-from agentkv.local.sampling import SamplingParams
+from agentkv.local.engine.limits import output_over_window, prompt_over_window, resolve_max_tokens
+from agentkv.local.engine.sampling import SamplingParams
+from agentkv.local.server import protocol
+from agentkv.local.server.prompts import compile_constraint, refuse, token_text, tokenize_text
+from agentkv.local.server.request_errors import RequestError
+from agentkv.local.server.requests import CompletionRequest
+from agentkv.local.server.validation import grammar_spec, sampling_params
 
 if TYPE_CHECKING:
-    from agentkv.local.routes import Served
+    from agentkv.local.server.served import Served
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class CompletionPlan:
     prompts: list[list[int]]
     params: list[SamplingParams]
     max_tokens: int
+    budgets: list[int]
+    """Each prompt's output budget: ``max_tokens`` clamped to what that prompt leaves of the window."""
     cache_salt: str | None
     echo: bool
     logprobs: int | None
@@ -39,6 +42,7 @@ class CompletionPlan:
     details: bool
     token_ids: bool = False
     tokens_as_ids: bool = False
+    fingerprint: str | None = None
 
     @property
     def n(self) -> int:
@@ -47,22 +51,23 @@ class CompletionPlan:
 
 def plan_completion(served: Served, request: CompletionRequest) -> CompletionPlan:
     """Validate against the served model and decide the sequences (raises RequestError)."""
-    engine = served.engine
+    engine, window = served.engine, served.max_model_len
+    requested = request.max_tokens
+    refuse(output_over_window(requested, window))
     prompts = []
     for prompt in request.prompts():
         if isinstance(prompt, str):
-            prompts.append(engine.tokenize_prompt(prompt, add_special_tokens=request.add_special_tokens))
+            prompts.append(tokenize_text(engine, prompt, window, request.add_special_tokens))
         else:
-            check_token_ids(prompt, engine.vocab_size, "prompt")
+            outside = next((i for i in prompt if not 0 <= i < engine.vocab_size), None)
+            if outside is not None:
+                raise RequestError(f"Token id {outside} is out of vocabulary")
+            refuse(prompt_over_window(len(prompt), window, truncated=False))
             prompts.append(list(prompt))
     if any(not p for p in prompts):
-        raise RequestError("Prompt cannot be empty.", param="prompt")
-    requested = request.max_tokens
-    for tokens in prompts:
-        error = check_length(len(tokens), requested, served.max_model_len)
-        if error is not None:
-            raise RequestError(error.message, param=error.param)
-    max_tokens = resolve_max_tokens(max(len(p) for p in prompts), requested, served.max_model_len)
+        raise RequestError("The decoder prompt cannot be empty")
+    budgets = [resolve_max_tokens(len(p), requested, window) for p in prompts]  # each prompt's own clamp
+    max_tokens = min(budgets)
     prompt_logprobs = request.prompt_logprobs
     if prompt_logprobs is None and request.echo:
         prompt_logprobs = request.logprobs
@@ -72,12 +77,13 @@ def plan_completion(served: Served, request: CompletionRequest) -> CompletionPla
                            grammar=compile_constraint(served, grammar_spec(request)))
     params = [replace(base, seed=base.seed + i) for i in range(request.n or 1)]
     options = request.stream_options
-    return CompletionPlan(protocol.Ids(served.model_id, prefix="cmpl"), prompts, params, max_tokens,
+    return CompletionPlan(protocol.Ids(served.model_id, prefix="cmpl"), prompts, params, max(budgets), budgets,
                           request.cache_salt, request.echo, request.logprobs,
                           bool(options and options.include_usage),
                           bool(options and options.include_usage and options.continuous_usage_stats),
                           served.options.enable_prompt_tokens_details, bool(request.return_token_ids),
-                          bool(request.return_tokens_as_token_ids))
+                          bool(request.return_tokens_as_token_ids),
+                          protocol.fingerprint(served.root, served.max_model_len))
 
 
 def _logprobs(served: Served, plan: CompletionPlan, prompt: list[int], result: Generation,
@@ -98,6 +104,7 @@ def completion_whole(served: Served, plan: CompletionPlan, abort: threading.Even
     for p_index, prompt in enumerate(plan.prompts):
         echo_text = engine.decode(prompt) if plan.echo else ""
         for i, params in enumerate(plan.params):
+            params = replace(params, max_tokens=plan.budgets[p_index])
             result = engine.generate(prompt, params=params, cache_salt=plan.cache_salt, abort=abort)
             completion_tokens += result.completion_tokens
             cached += result.cached_tokens if i == 0 else 0
@@ -109,8 +116,8 @@ def completion_whole(served: Served, plan: CompletionPlan, abort: threading.Even
                 choice["prompt_token_ids"], choice["token_ids"] = list(prompt), list(result.token_ids)
             choices.append(choice)
     prompt_tokens = sum(len(p) for p in plan.prompts) * 1
-    usage = protocol.usage(prompt_tokens, completion_tokens, cached if plan.details else None)
-    return protocol.text_completion(plan.ids, choices, usage)
+    usage = protocol.usage(prompt_tokens, completion_tokens, cached if plan.details else None, chat=False)
+    return protocol.text_completion(plan.ids, choices, usage, plan.fingerprint)
 
 
 def completion_events(served: Served, plan: CompletionPlan, abort: threading.Event) -> Iterator[bytes]:
@@ -121,6 +128,7 @@ def completion_events(served: Served, plan: CompletionPlan, abort: threading.Eve
     for p_index, prompt in enumerate(plan.prompts):
         for i, params in enumerate(plan.params):
             index = p_index * plan.n + i
+            params = replace(params, max_tokens=plan.budgets[p_index])
             stream = engine.stream(prompt, params=params, cache_salt=plan.cache_salt, abort=abort)
             try:
                 lead = engine.decode(prompt) if plan.echo else ""
@@ -135,7 +143,9 @@ def completion_events(served: Served, plan: CompletionPlan, abort: threading.Eve
                         yield protocol.sse(_with_ids(plan, protocol.text_chunk(
                             plan.ids, index, text, finish_reason=item.finish_reason, stop_reason=item.stop_reason,
                             logprobs=_delta_logprobs(plan, pending, text_of),
-                            usage_=_continuous(plan, len(prompt), tokens)), prompt if first else None, pending))
+                            usage_=_continuous(plan, len(prompt), tokens),
+                            system_fingerprint=None if plan.include_usage else plan.fingerprint),
+                            prompt if first else None, pending))
                         break
                     if pending is not None and (pending.text or lead or plan.token_ids):
                         yield protocol.sse(_with_ids(plan, protocol.text_chunk(
@@ -148,8 +158,8 @@ def completion_events(served: Served, plan: CompletionPlan, abort: threading.Eve
                 stream.close()  # type: ignore[attr-defined]
     if plan.include_usage:
         usage = protocol.usage(sum(len(p) for p in plan.prompts), completion_tokens,
-                               cached if plan.details else None)
-        yield protocol.sse(protocol.usage_chunk(plan.ids, usage, "text_completion"))
+                               cached if plan.details else None, chat=False)
+        yield protocol.sse(protocol.usage_chunk(plan.ids, usage, "text_completion", plan.fingerprint))
     yield protocol.sse("[DONE]")
 
 

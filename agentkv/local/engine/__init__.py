@@ -1,0 +1,44 @@
+"""The in-process engine: a transformers model, a real prefix cache, scheduling, sampling and grammars.
+
+No sockets and nothing of HTTP here: :mod:`agentkv.local.server` serves an engine over vLLM's API and depends on
+this package, never the other way round. Importing it is cheap; torch and transformers load when an engine or
+model is first used.
+
+Modules: ``local_engine`` (:class:`LocalEngine`), ``models`` (build and load checkpoints), ``codec`` (tokenizer and
+chat template) with ``chat_format`` (messages as vLLM hands them to a template), ``prefix_cache`` and ``eviction``
+(KV blocks and which go), ``kv`` (KV tensors in and out), ``scheduler`` (turns on the model), ``sampling`` and
+``decoding`` (parameters, stop strings, the sampler, detokenizing), ``grammar`` (structured outputs), ``limits``
+(the window rules).
+
+Usage::
+
+    from agentkv.local.engine import LocalEngine
+
+    engine = LocalEngine.from_size("small")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentkv.local.engine.local_engine import Delta, EngineStats, Generation, LocalEngine
+
+_EXPORTS = {name: "agentkv.local.engine.local_engine" for name in ("Delta", "EngineStats", "Generation",
+                                                                    "LocalEngine")}
+
+__all__ = ["Delta", "EngineStats", "Generation", "LocalEngine"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentkv.local.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,40 @@
+"""vLLM's OpenAI-compatible HTTP API over a :class:`~agentkv.local.engine.LocalEngine`.
+
+The ASGI app (``asgi``), the server object and its lifecycle (``local_server``), what each endpoint does without
+sockets (``routes``; chat and completions in ``chat``, ``completions`` and ``prompts``; tool calls in ``tools``),
+request models and checks (``requests``, ``request_errors``, ``validation``), response shapes (``protocol``),
+``/metrics`` (``metrics``), vLLM's KV-event publisher (``kv_events``) and ``agentkv serve`` (``serve_cli``).
+This package depends on :mod:`agentkv.local.engine`; the engine never imports it.
+
+Usage::
+
+    from agentkv.local.server import LocalServer
+
+    with LocalServer.from_size("small", window=2048) as server:
+        ...
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentkv.local.server.local_server import LocalServer, LoggedRequest, engine_at
+
+_EXPORTS = {name: "agentkv.local.server.local_server" for name in ("LocalServer", "LoggedRequest", "engine_at")}
+
+__all__ = ["LocalServer", "LoggedRequest", "engine_at"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentkv.local.server' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
