@@ -195,6 +195,9 @@ def plan_recovery(
     corrected = overflow.max_context if overflow.max_context and overflow.max_context != known_window else None
     prompt = exact_prompt_tokens if exact_prompt_tokens is not None else _stated_prompt(overflow)
     prompt = prompt if prompt is not None else safe_prompt_tokens
+    floor = overflow.prompt_tokens if overflow.prompt_is_lower_bound and exact_prompt_tokens is None else None
+    if floor is not None and prompt is not None and window is not None and floor > window:
+        prompt = max(prompt, floor)  # our count is below the server's "at least": the prompt alone is over the window
     room = None if prompt is None or window is None else window - prompt
     if room is not None and room >= policy.min_output and not already_clamped:
         budget = room if requested_max_tokens is None else min(room, requested_max_tokens)

@@ -125,3 +125,15 @@ def test_recovery_reports_corrected_window():
     plan = plan_recovery(parse_overflow(V4), role="fast", exact_prompt_tokens=12500, requested_max_tokens=4096,
                          known_window=32768, already_clamped=False, slow_usable=True)
     assert plan.corrected_window == 16384
+
+
+def test_prompt_alone_over_the_window_escalates_from_the_servers_floor():
+    """vLLM 0.32's "at least L+1 input tokens" beats a lower count of our own: no clamp is retried on fast, and
+    slow's budget is counted from at least L+1."""
+    from agentkv.overflow import Overflow
+    from agentkv.routing import plan_recovery
+
+    overflow = Overflow("prompt_over_window", 2048, 2049, prompt_is_lower_bound=True)
+    plan = plan_recovery(overflow, role="fast", exact_prompt_tokens=None, requested_max_tokens=2000,
+                         known_window=8192, already_clamped=False, slow_usable=True, safe_prompt_tokens=1666)
+    assert (plan.action, plan.prompt_tokens) == ("escalate", 2049)

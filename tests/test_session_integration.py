@@ -78,18 +78,31 @@ def test_clamp_before_sending(fresh):
     assert chat_requests(fresh["fast"])[0]["max_tokens"] == decision.max_tokens
 
 
-@pytest.mark.parametrize("max_tokens,variant", [(600, "at_least"), (4096, "max_tokens_over_window")])
-def test_wrong_window_is_caught_by_reactive_clamp(fresh, max_tokens, variant):
-    """A declared window larger than the server's gets the 400, is clamped with an exact count, and succeeds."""
+def test_wrong_window_is_caught_by_reactive_clamp(fresh):
+    """A declared window larger than the server's gets the 400 for max_tokens over it, is clamped with an exact count,
+    and succeeds."""
     fast, slow = backends(fresh, window=8192)
     msgs, tools = conversation(6)
     with capture_events() as events, session(fresh, fast=fast, slow=slow) as s:
-        resp = s.completion(messages=msgs, tools=tools, max_tokens=max_tokens)
+        resp = s.completion(messages=msgs, tools=tools, max_tokens=4096)
     assert resp.choices and s.last_route.reason == "reactive_clamp" and s.last_route.backend == "fast"
     assert s.last_route.max_tokens == 2048 - s.last_route.estimated_input_tokens
     assert [b["max_tokens"] for b in chat_requests(fresh["fast"])][-1] == s.last_route.max_tokens
     assert s.stats()["reactive_clamps"] == 1 and s.stats()["overflow_errors"] == 1
-    assert any(e["event"] == "overflow" and e["variant"] == variant for e in events)
+    assert any(e["event"] == "overflow" and e["variant"] == "max_tokens_over_window" for e in events)
+
+
+def test_wrong_window_the_server_clamps_silently_is_recorded_and_rediscovered(fresh):
+    """As vLLM 0.32, the server cuts prompt + max_tokens over its window without a 400: the Session records the
+    server clamp, and the next request is routed and clamped with the server's real window."""
+    fast, slow = backends(fresh, window=8192)
+    msgs, tools = conversation(6)
+    with session(fresh, fast=fast, slow=slow) as s:
+        first = s.completion(messages=msgs, tools=tools, max_tokens=600)
+        assert first.choices and s.stats()["server_clamps"] == 1 and s.stats()["overflow_errors"] == 0
+        s.completion(messages=msgs, tools=tools, max_tokens=600)
+    assert (s.last_route.backend, s.last_route.reason, s.last_route.window) == ("fast", "clamped", 2048)
+    assert chat_requests(fresh["fast"])[-1]["max_tokens"] == 2048 - s.last_route.estimated_input_tokens
 
 
 class UnderCount:
@@ -274,16 +287,19 @@ def test_clamp_honours_max_completion_tokens(fresh, budget):
 
 
 def test_reactive_escalation_fits_the_slow_window(fresh):
-    """With a stale fast window and a count 30% low, the caller still gets an answer from slow within its window."""
+    """With a stale fast window and a count 30% low, the caller still gets an answer from slow, its budget counted
+    from the surest prompt figure there is (fast's "at least L+1" beats the low count, no clamp retried on fast); with
+    no exact count allowed, what slow then cuts is recorded as a server clamp."""
     fresh["slow"].max_model_len = 2600
     fast, slow = backends(fresh, window=8192)
-    msgs, tools = conversation(4)
+    msgs, tools = conversation(10)  # over fast's real 2048 (its 400), within slow's 2600
     with session(fresh, fast=fast, slow=slow, count_with_server=False) as s:
         s.counters["fast"] = TokenCounter([UnderCount()])
         resp = s.completion(messages=msgs, tools=tools, max_tokens=2000)
     sent = [b["max_tokens"] for b in chat_requests(fresh["slow"]) if b["max_tokens"] != 1]
-    assert resp.choices and s.last_route.backend == "slow" and all(m < 2000 for m in sent)
-    assert sent[-1] == s.last_route.max_tokens and resp.usage.prompt_tokens + sent[-1] <= 2600
+    assert resp.choices and s.last_route.backend == "slow" and len(chat_requests(fresh["fast"])) == 1
+    assert sent == [s.last_route.max_tokens] == [2600 - 2049]
+    assert resp.usage.prompt_tokens + resp.usage.completion_tokens <= 2600 and s.stats()["server_clamps"] == 1
 
 
 def test_uncopyable_kwargs_pass_through_untouched(fresh):
