@@ -127,6 +127,7 @@ class WindowDiscovery:
         self._retry = (retry_s, max_retry_s)
         self._state, self._ttl_s = state, ttl_s
         self._publishing: set[asyncio.Task[None]] = set()
+        self._recent: dict[tuple[str, str, bool], tuple[WindowInfo, float]] = {}  # the last answers, and when
 
     # --------------------------------------------------------------- answers (sync and async twins)
     def window(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
@@ -138,7 +139,7 @@ class WindowDiscovery:
         needed = _needs_server(backend, model_known) or self._is_contested(backend)
         info = _shared_info(shared) or (self.server_info(backend) if needed else None)
         catalog = catalog_window(backend.model) if _needs_catalog(backend, info, model_known) else None
-        return self._resolve(backend, info, catalog, shared)
+        return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     async def awindow(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
         """:meth:`window` for async callers: HTTP is awaited, litellm's import runs on a worker thread."""
@@ -148,7 +149,21 @@ class WindowDiscovery:
             info = await self.aserver_info(backend)
         needed = _needs_catalog(backend, info, model_known)
         catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
-        return self._resolve(backend, info, catalog, shared)
+        return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
+
+    def recent(self, backend: Backend, *, model_known: bool = True, max_age_s: float = 1.0) -> WindowInfo | None:
+        """The last answer :meth:`window` or :meth:`awindow` gave for ``backend`` if it is under ``max_age_s``
+        old, else None: no I/O and no lock (what a caller may act on before it asks again)."""
+        recent = self._recent.get((*_key(backend), model_known))
+        if recent is None or self._timer() - recent[1] > max_age_s:
+            return None
+        return recent[0]
+
+    def _remember(self, backend: Backend, model_known: bool, info: WindowInfo) -> WindowInfo:
+        key = (*_key(backend), model_known)
+        if key in self._recent or len(self._recent) < 4096:
+            self._recent[key] = (info, self._timer())
+        return info
 
     def served_model_known(self, backend: Backend) -> bool:
         """True only when the server lists the configured model (cloud backends: the catalog knows it)."""
@@ -187,6 +202,7 @@ class WindowDiscovery:
     # --------------------------------------------------------------- corrections
     def correct(self, backend: Backend, window: int) -> None:
         """Record the window a server reported in an overflow error when it disagrees with ours (no I/O)."""
+        self._recent.clear()  # what the last answers said may no longer hold
         if positive_window(window) is None:
             return
         key = _key(backend)
@@ -204,6 +220,7 @@ class WindowDiscovery:
         and corrections, and read its server on the next lookup; a declared window the server's
         ``max_model_len`` contradicts gives way to it from then on (no I/O here). A server that keeps cutting
         budgets (an output cap of its own) is read again at most once per :data:`REREAD_AFTER_CLAMP_S`."""
+        self._recent.clear()  # what the last answers said may no longer hold
         key, now = _key(backend), self._timer()
         with self._lock:
             due = now - self._reread_at.get(key, -REREAD_AFTER_CLAMP_S) >= REREAD_AFTER_CLAMP_S
@@ -264,6 +281,7 @@ class WindowDiscovery:
 
     def invalidate(self, backend: Backend | None = None) -> None:
         """Forget one backend's cached answers, or all of them."""
+        self._recent.clear()  # what the last answers said may no longer hold
         with self._lock:
             stores: list[Any] = [self._cache, self._corrections, self._last_good, self._failing]
             if backend is None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from contextvars import ContextVar
 from typing import Any
+
+_DEFERRED: ContextVar[bool] = ContextVar("agentkv_events_deferred", default=False)
 
 
 def logger() -> Any:
@@ -41,8 +45,25 @@ def enabled(level: str = "info") -> bool:
 
 
 def emit(event: str, level: str = "info", **fields: Any) -> None:
-    """Log one agentkv event at ``level`` with plain-data fields."""
+    """Log one agentkv event at ``level`` with plain-data fields (off the request path under :func:`defer_events`)."""
+    if _DEFERRED.get():
+        try:
+            asyncio.get_running_loop().call_soon(_log, event, level, fields)
+            return
+        except RuntimeError:  # no loop running in this thread: log now
+            pass
     getattr(logger(), level)(event, **fields)
+
+
+def _log(event: str, level: str, fields: dict[str, Any]) -> None:
+    getattr(logger(), level)(event, **fields)
+
+
+def defer_events() -> None:
+    """From now on in this context (an async request's task and the tasks it starts), events are logged by the
+    event loop's next turn instead of at the call: in order, with the same context, but after the request has
+    moved on to its next await (a server's request path logs while it waits for its backend, not before)."""
+    _DEFERRED.set(True)
 
 
 def prompt_fields(payload: Any) -> dict[str, Any]:

@@ -38,6 +38,19 @@ import httpx
 VLLM = ("http://127.0.0.1:18001/v1", "fast", "http://127.0.0.1:18002/v1", "slow")
 
 
+# Where each process runs. A gateway has cores of its own, and a model server computes on its accelerator, not on
+# them; here the model computes on the CPU, so the gateway gets the last CPU and the backends (one thread each) and
+# this client the others: the client and a backend take turns (one waits while the other works), and the
+# gateway's work never waits for either. Both sides of the comparison run under the same split. ``--no-pin`` lets
+# every process share every core instead.
+BACKEND_CPUS: set[int] | None = None
+FRONT_CPUS: set[int] | None = None
+
+
+def _pinned(cpus: set[int] | None) -> Any:
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -49,7 +62,9 @@ def served(window: int, name: str) -> Iterator[str]:
     """``agentkv serve --size tiny`` in a child process on a free port; yields its api_base."""
     command = [sys.executable, "-m", "agentkv.cli", "serve", "--size", "tiny", "--window", str(window), "--port", "0",
                "--served-model-name", name, "--prefill-threads", "1"]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if BACKEND_CPUS else None
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                             preexec_fn=_pinned(BACKEND_CPUS))
     assert child.stdout is not None
     try:
         lines = iter(child.stdout.readline, "")
@@ -78,7 +93,8 @@ class Gateway:
         env = {**os.environ, "AGENTKV_CACHE_SALT_SECRET": os.environ.get("AGENTKV_CACHE_SALT_SECRET", "bench"),
                "AGENTKV_GATEWAY_MAX_SESSIONS": "100000"}
         self._log = open(log, "wb")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                        preexec_fn=_pinned(FRONT_CPUS))
 
     def __enter__(self) -> Gateway:
         deadline = time.monotonic() + 120
@@ -256,7 +272,14 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=2000, help="conversations added to measure memory per idle one")
     parser.add_argument("--no-vllm", action="store_true", help="skip the real-vLLM pair even when it is up")
     parser.add_argument("--log-dir", default=None, help="where the gateways' logs go (default: a temp dir)")
+    parser.add_argument("--no-pin", action="store_true", help="share every core (default: the gateway on the last "
+                        "CPU, the backends and the client on the others)")
     args = parser.parse_args()
+    global BACKEND_CPUS, FRONT_CPUS
+    cpus = sorted(os.sched_getaffinity(0))
+    if not args.no_pin and len(cpus) >= 2:
+        BACKEND_CPUS, FRONT_CPUS = set(cpus[:-1]), {cpus[-1]}
+        os.sched_setaffinity(0, BACKEND_CPUS)
     import tempfile
 
     logs = Path(args.log_dir or tempfile.mkdtemp(prefix="agentkv-gateway-bench-"))

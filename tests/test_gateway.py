@@ -342,3 +342,43 @@ def test_the_sessions_map_is_bounded(make_gateway):
         post(gateway, "/chat/completions", {"model": "m", "max_tokens": 2,
                                             "messages": [{"role": "user", "content": f"{uuid.uuid4()} {n}"}]})
     assert len(gateway.app.state.ctx.sessions) == 2 and metric(gateway.root, "agentkv_gateway_sessions") == 2
+
+
+def test_short_requests_are_written_before_they_are_counted_and_sent_once(gateway, fresh):
+    """Far from every boundary, fast gets each turn's request before the Session has counted it (presends), the
+    Session's prepared try matches it byte for byte (nothing discarded), and each request reaches fast once."""
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=ACME, max_retries=0)
+    header = {"x-session-id": f"presend-{uuid.uuid4()}"}
+    for n in range(6):
+        answer = client.chat.completions.with_raw_response.create(
+            model="any", max_tokens=4, messages=[{"role": "user", "content": f"ping number {n}"}], extra_headers=header)
+        assert answer.headers["x-agentkv-backend"] == "fast" and answer.headers["x-agentkv-route"] == "fits"
+    sent = [b for b in chat_requests(fresh["fast"]) if str(b["messages"][0]["content"]).startswith("ping number")]
+    assert [b["messages"][0]["content"] for b in sent] == [f"ping number {n}" for n in range(6)]
+    assert metric(gateway.root, "agentkv_gateway_presends_total") >= 4
+    assert metric(gateway.root, "agentkv_gateway_presend_discarded_total") == 0
+
+
+def test_a_presend_the_session_disagrees_with_is_abandoned_and_the_prepared_try_sent(gateway, fresh, monkeypatch):
+    """When the prepared try differs from what was written early (here: another budget), the early request is
+    abandoned and the prepared one answers."""
+    from agentkv._session.external import SendsOutside
+
+    original = SendsOutside.presend
+
+    def stale(self, body):
+        early = original(self, body)
+        if early is not None:
+            early.decision = early.decision.__class__(**{**early.decision.__dict__, "max_tokens": 3})
+        return early
+
+    monkeypatch.setattr(SendsOutside, "presend", stale)
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=ACME, max_retries=0)
+    header = {"x-session-id": f"stale-{uuid.uuid4()}"}
+    for n in range(4):
+        answer = client.chat.completions.create(model="any", max_tokens=5, extra_headers=header,
+                                                messages=[{"role": "user", "content": f"pong number {n}"}])
+        assert answer.usage.completion_tokens <= 5
+    assert metric(gateway.root, "agentkv_gateway_presend_discarded_total") >= 2
+    kept = [b for b in chat_requests(fresh["fast"]) if str(b["messages"][0]["content"]).startswith("pong number")]
+    assert all(b["max_tokens"] in (3, 5) for b in kept) and sum(b["max_tokens"] == 5 for b in kept) == 4

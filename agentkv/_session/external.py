@@ -12,11 +12,12 @@ from typing import Any, Literal, Mapping
 
 from agentkv._session.attempts import Attempt, Observation
 from agentkv._session.reactive import ReactivePath
-from agentkv._session.inputs import Facts, max_tokens_of, request_payload
+from agentkv._session.inputs import Facts, max_tokens_of, request_payload, to_facts
 from agentkv.errors import ContextOverflowError
 from agentkv.overflow import overflow_from_error
 from agentkv.routing import RouteDecision, as_sent
 from agentkv.tokens import Payload, TokenCount
+from agentkv.tokens.ceiling import byte_ceiling
 
 __all__ = ["SendsOutside"]
 
@@ -73,6 +74,42 @@ class SendsOutside(ReactivePath):
         attempt = self._prepared(body, payload, await self._acount(body, payload, facts), facts)
         await self._amaybe_warm(attempt, facts)
         return attempt
+
+    def presend(self, body: Mapping[str, Any]) -> Attempt | None:
+        """The try a request is certain to get, decided before it is counted, or None when that is not certain.
+
+        Certain means: fast, as it is (no clamp), and far from every boundary (the route, the clamp, warm-ahead,
+        by :func:`~agentkv.routing.interval_decides`) for any count up to the payload's byte ceiling
+        (:mod:`agentkv.tokens.ceiling`, trusted once fast's exact counts have held within theirs), on windows
+        discovered within the last second. A caller may then send the request at once and call
+        :meth:`aprepare` while the backend works: it counts, logs, records and warms as always, and its attempt
+        is what the request should have been (the caller compares the two, and re-sends when they differ).
+        Nothing is recorded here, and nothing is ever raised: a request this cannot vouch for gets None."""
+        if self.closed or self.slow is None or "cache_salt" in body or "extra_body" in body:
+            return None
+        fast_info = self.discovery.recent(self.fast, model_known=False)
+        slow_info = self.discovery.recent(self.slow)
+        if fast_info is None or slow_info is None or not self._counter(self.fast).bound.trusts_ceiling:
+            return None
+        kwargs = dict(body)
+        try:
+            max_tokens = max_tokens_of(kwargs)
+            payload = request_payload(kwargs, self._backends(), self.counters.values())
+        except (ValueError, TypeError):  # InvalidRequestError is a ValueError: aprepare reports it
+            return None
+        ceiling = byte_ceiling(payload)
+        facts = to_facts(self.fast, self.slow, fast_info, slow_info)
+        if ceiling is None or not self._decides(kwargs, facts)(0, ceiling):
+            return None
+        count = TokenCount(ceiling, ceiling, 0, "ceiling", False, 0, ceiling)
+        try:
+            decision = self._decide(kwargs, count, facts)
+        except ContextOverflowError:
+            return None
+        if decision.role != "fast" or decision.reason != "fits" or decision.max_tokens != max_tokens:
+            return None
+        return Attempt(decision, self.fast, kwargs, payload, count, self.cache_salt, raw=True,
+                       keeps_caller_salt=self._keeps_caller_salt)
 
     def recover(self, attempt: Attempt, error: Exception) -> Attempt:
         """The next try after ``attempt`` failed with ``error``: a recoverable overflow is clamped or escalated,

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentkv.events import digest, emit
+from agentkv.events import defer_events, digest, emit
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.identity import conversation_id
@@ -80,6 +80,7 @@ def _guarded(handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
     """A ``/v1/*`` endpoint: the tenant's key checked first (401 in OpenAI's shape, nothing sent upstream)."""
 
     async def endpoint(request: Request) -> Response:
+        defer_events()  # this request's events are logged while it waits for its backend, not before
         ctx: GatewayContext = request.app.state.ctx
         tenant = ctx.tenant(request.headers.get("authorization"))
         if tenant is None:
@@ -110,33 +111,44 @@ async def _routed(request: Request, ctx: GatewayContext, *, chat: bool) -> Respo
     conversation = conversation_id(request.headers.get(SESSION_HEADER), body)
     session = ctx.session(request.state.tenant, conversation)
     response = await _unless_disconnected(request, relay(ctx, session, body))
-    emit("gateway.request", tenant=request.state.tenant, conversation=digest(conversation), bytes=len(raw),
-         status=response.status_code, backend=response.headers.get("x-agentkv-backend"),
-         route=response.headers.get("x-agentkv-route"), stream=bool(body.get("stream")),
-         ms=round((time.perf_counter() - started) * 1000, 2))
+    asyncio.get_running_loop().call_soon(  # logged once the answer is on its way
+        _log_request, request.state.tenant, conversation, len(raw), response, bool(body.get("stream")),
+        (time.perf_counter() - started) * 1000)
     return response
 
 
+def _log_request(tenant: str, conversation: str, size: int, response: Response, stream: bool, ms: float) -> None:
+    emit("gateway.request", tenant=tenant, conversation=digest(conversation), bytes=size, status=response.status_code,
+         backend=response.headers.get("x-agentkv-backend"), route=response.headers.get("x-agentkv-route"),
+         stream=stream, ms=round(ms, 2))
+
+
 async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
-    """``work``'s answer, or, when the client disconnects first, ``work`` cancelled (its upstream request closed)."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnect(request))
+    """``work``'s answer, or, when the client disconnects first, a 499 with ``work`` cancelled (its upstream
+    request closed): a watcher task cancels this one at the client's disconnect."""
+    task = asyncio.current_task()
+    assert task is not None
+    left = asyncio.Event()
+    watcher = asyncio.get_running_loop().create_task(_cancel_at_disconnect(request, task, left))
     try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if not task.done():
-        task.cancel()
+        return await work
+    except asyncio.CancelledError:
+        if not left.is_set():
+            raise
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this task goes on, no longer being cancelled
+        if uncancel is not None:
+            uncancel()
         emit("gateway.client_disconnected", path=request.url.path)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         return Response(status_code=499)
-    return task.result()
+    finally:
+        watcher.cancel()
 
 
-async def _disconnect(request: Request) -> None:
+async def _cancel_at_disconnect(request: Request, task: asyncio.Task[Any], left: asyncio.Event) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    left.set()
+    task.cancel()
 
 
 async def chat_completions(request: Request, ctx: GatewayContext) -> Response:

@@ -9,8 +9,6 @@ import hashlib
 import time
 from typing import Any
 
-import httpx
-
 import agentkv._env as _env
 from agentkv._session.driver import Session
 from agentkv.backends import Backend
@@ -20,6 +18,7 @@ from agentkv.gateway.auth import ANONYMOUS, ApiKeys, bearer_token, load_api_keys
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.metrics import GatewayMetrics
 from agentkv.gateway.sessions import SessionMap
+from agentkv.gateway.upstream import Upstream, UpstreamResponse
 from agentkv.state import InProcessStore, StateStore
 from agentkv.state.config import redis_store_for
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
@@ -27,7 +26,6 @@ from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 __all__ = ["GatewayContext", "backends_of", "session_id"]
 
 _Key = tuple[str, str]  # (tenant, conversation)
-_UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
 
 
 def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:
@@ -43,9 +41,9 @@ def session_id(conversation: str) -> str:
 
 
 class GatewayContext:
-    """One gateway process's shared state. ``http`` replaces the upstream client (tests)."""
+    """One gateway process's shared state. ``upstream`` replaces the upstream client, ``state`` the store (tests)."""
 
-    def __init__(self, config: GatewayConfig, *, transport: httpx.AsyncBaseTransport | None = None,
+    def __init__(self, config: GatewayConfig, *, upstream: Upstream | None = None,
                  state: StateStore | None = None) -> None:
         self.config = config
         self.created = int(time.time())
@@ -64,12 +62,9 @@ class GatewayContext:
         self.sessions: SessionMap[_Key, Session] = SessionMap(
             self._new_session, max_sessions=config.max_sessions, idle_s=config.session_idle_s,
             on_drop=lambda session: session.close())
-        # the transport itself, not a client over it: one request is one send (no auth, redirects or cookies)
-        self.upstream = transport or httpx.AsyncHTTPTransport(limits=httpx.Limits(
-            max_connections=None, max_keepalive_connections=512, keepalive_expiry=30.0))
-        self._timeout = {"connect": config.connect_timeout_s, "read": config.read_timeout_s,
-                         "write": config.read_timeout_s, "pool": config.connect_timeout_s}
-        self._urls: dict[str, httpx.URL] = {}
+        # one POST per try over pooled keep-alive connections (agentkv.gateway.upstream: no auth, redirects or cookies)
+        self.upstream = upstream or Upstream(connect_timeout_s=config.connect_timeout_s,
+                                             read_timeout_s=config.read_timeout_s)
         emit("gateway.ready", fast=self.fast.api_base, slow=self.slow.api_base, tenants=len(self.keys.tenants)
              if self.keys else 0, shared_state=redis_url is not None, salted=self.secret is not None)
 
@@ -80,10 +75,8 @@ class GatewayContext:
         return self.keys.tenant(bearer_token(authorization))
 
     def session(self, tenant: str, conversation: str) -> Session:
-        """The conversation's Session (built on its first request; the map's size is exported)."""
-        session = self.sessions.get((tenant, conversation))
-        self.metrics.sessions.set(len(self.sessions))
-        return session
+        """The conversation's Session (built on its first request; the map's size is exported on each scrape)."""
+        return self.sessions.get((tenant, conversation))
 
     def _new_session(self, key: _Key) -> Session:
         tenant, conversation = key
@@ -92,14 +85,9 @@ class GatewayContext:
         return Session(self.fast, self.slow, tenant=tenant, session_id=session_id(conversation), state=self.state,
                        discovery=self.discovery, warm_ahead=self.warm_ahead, **salted)
 
-    async def send(self, url: str, content: bytes) -> httpx.Response:
+    async def send(self, url: str, content: bytes) -> UpstreamResponse:
         """POST ``content`` (JSON) to ``url`` upstream; the answer's body is left unread (a stream)."""
-        parsed = self._urls.get(url)
-        if parsed is None:
-            parsed = self._urls[url] = httpx.URL(url)
-        request = httpx.Request("POST", parsed, content=content, extensions={"timeout": self._timeout},
-                                headers=_UPSTREAM_HEADERS)
-        return await self.upstream.handle_async_request(request)
+        return await self.upstream.post(url, content)
 
     async def aclose(self) -> None:
         """Close the upstream connections (the process's Sessions need nothing closed)."""

@@ -7,7 +7,10 @@
 - ``agentkv_gateway_sessions``: conversations held now (the bounded map's size);
 - ``agentkv_gateway_rejections_total{status}``: answers the gateway made itself (400, 401, 413);
 - ``agentkv_gateway_upstream_errors_total{backend,status}``: error answers passed on from a backend;
-- ``agentkv_gateway_request_seconds{backend}``: time to the answer's headers.
+- ``agentkv_gateway_request_seconds{backend}``: time to the answer's headers;
+- ``agentkv_gateway_presends_total``: requests written to fast before they were counted (Session.presend);
+- ``agentkv_gateway_presend_discarded_total``: requests written to fast before they were counted (the Session
+  vouched for them) and then abandoned, because the prepared try differed (none, while windows hold).
 
 Each app has a registry of its own. With ``--workers N`` the command line sets ``PROMETHEUS_MULTIPROC_DIR``
 and every worker's counts are summed on each scrape (prometheus_client's multiprocess mode).
@@ -59,6 +62,13 @@ class GatewayMetrics:
         self.upstream_errors = Counter("agentkv_gateway_upstream_errors_total",
                                        "Error answers passed on from a backend, by backend and status.",
                                        ["backend", "status"], registry=registry)
+        self.presends = Counter("agentkv_gateway_presends_total",
+                                "Requests written to fast before they were counted (the Session vouched for them).",
+                                registry=registry)
+        self.presend_discarded = Counter(
+            "agentkv_gateway_presend_discarded_total",
+            "Requests written to fast before they were counted, then abandoned: the Session prepared another try.",
+            registry=registry)
         for role in ("fast", "slow"):  # every series a check may read exists from the start, at 0
             for route in ROUTES:
                 self.requests.labels(role, route)
@@ -66,6 +76,22 @@ class GatewayMetrics:
             self.warms.labels(outcome)
         self.latency = Histogram("agentkv_gateway_request_seconds", "Seconds from the request to the answer's headers.",
                                  ["backend"], buckets=_BUCKETS, registry=registry)
+        self._answered: dict[tuple[str, str], Any] = {}  # label children, looked up once (labels() takes a lock)
+        self._latency: dict[str, Any] = {}
+
+    def answered(self, backend: str, route: str) -> None:
+        """Count an answer a backend produced, by its final route."""
+        child = self._answered.get((backend, route))
+        if child is None:
+            child = self._answered[(backend, route)] = self.requests.labels(backend, route)
+        child.inc()
+
+    def observe(self, backend: str, seconds: float) -> None:
+        """Record the time to an answer's headers."""
+        child = self._latency.get(backend)
+        if child is None:
+            child = self._latency[backend] = self.latency.labels(backend)
+        child.observe(seconds)
 
     def warm(self, outcome: str) -> None:
         """Count a request's warm outcome, unless it was no warm decision."""

@@ -10,9 +10,10 @@ goes to :meth:`Session.answered`, a stream's once it has ended. A stream's bytes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Mapping
 
 import anyio
@@ -24,6 +25,7 @@ from agentkv._session.driver import Session
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
+from agentkv.gateway.upstream import Started, UpstreamResponse
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
 from agentkv.integrations.openai import Rejected, UsageWatch, counted_view, outgoing_body
 
@@ -51,27 +53,42 @@ def own_error(status: int, message: str) -> Response:
 
 
 async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> Response:
-    """Route ``body`` through ``session`` and answer with what the final backend said."""
+    """Route ``body`` through ``session`` and answer with what the final backend said.
+
+    A request the Session can vouch for before counting it (:meth:`Session.presend`: fast, as it is, far from
+    every boundary) is written to fast at once, on a kept connection, and the Session prepares it while fast
+    works; when the prepared try's URL and bytes are not exactly what went out, that request is abandoned (its
+    connection closed) and the prepared one sent instead."""
     started = time.perf_counter()
+    counted = counted_view(body)
+    early = _presend(ctx, session, body, counted)
     try:
-        attempt = await session.aprepare(counted_view(body))
-    except ContextOverflowError as refusal:
+        attempt = await session.aprepare(counted)
+    except (ContextOverflowError, ValueError) as refusal:  # InvalidRequestError included
+        if early is not None:
+            early.cancel()
         ctx.metrics.rejections.labels("400").inc()
         return own_error(400, str(refusal))
-    except ValueError as bad:
-        ctx.metrics.rejections.labels("400").inc()
-        return own_error(400, str(bad))
     ctx.metrics.warm(attempt.warm)
     stream = bool(body.get("stream"))
     while True:
+        url, content = upstream_url(attempt), try_body(body, attempt, session.cache_salt)
         try:
-            response = await ctx.send(upstream_url(attempt), try_body(body, attempt, session.cache_salt))
+            if early is not None and early.url == url and early.content == content:
+                response = await early.response()
+            else:
+                if early is not None:
+                    early.cancel()
+                    ctx.metrics.presend_discarded.inc()
+                response = await ctx.send(url, content)
         except httpx.HTTPError as error:
+            early = None
             retry = await _next_try(ctx, session, attempt, error)
             if retry is None:
                 return _unreachable(ctx, attempt, error)
             attempt = retry
             continue
+        early = None
         if response.status_code in RECOVERABLE:
             raw = await _read_closed(response)
             retry = await _next_try(ctx, session, attempt, Rejected(response.status_code, raw.decode("utf-8", "replace")))
@@ -79,16 +96,42 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
                 return _upstream_error(ctx, attempt, response.status_code, raw)
             attempt = retry
             continue
-        ctx.metrics.latency.labels(attempt.decision.role).observe(time.perf_counter() - started)
+        ctx.metrics.observe(attempt.decision.role, time.perf_counter() - started)
         if response.status_code >= 400:
             return _upstream_error(ctx, attempt, response.status_code, await _read_closed(response))
-        ctx.metrics.requests.labels(attempt.decision.role, attempt.decision.reason).inc()
+        ctx.metrics.answered(attempt.decision.role, attempt.decision.reason)
         if stream:
             return _streamed(session, attempt, response)
         raw = await _read_closed(response)
-        session.answered(attempt, _parsed(raw), asynchronous=True)
+        _after_answer(_record_answer, session, attempt, raw)
         return Response(raw, status_code=response.status_code, media_type=response.headers.get("content-type", _JSON),
                         headers=route_headers(attempt.decision))
+
+
+def _after_answer(record: Callable[..., None], *args: Any) -> None:
+    """Run ``record`` once the answer is on its way: by the event loop's next turn, which comes after the request's
+    task has written its response (nothing on the request path waits for the Session's bookkeeping)."""
+    asyncio.get_running_loop().call_soon(record, *args)
+
+
+def _record_answer(session: Session, attempt: Attempt, raw: bytes) -> None:
+    """What the Session records of a JSON answer (its usage); a failure is logged, never raised to the loop."""
+    try:
+        session.answered(attempt, _parsed(raw), asynchronous=True)
+    except Exception as error:  # pragma: no cover - recording must never take a request down
+        emit("gateway.record_failed", level="warning", error=type(error).__name__)
+
+
+def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any], counted: dict[str, Any]) -> Started | None:
+    """The request written to fast before it is counted, when the Session vouches for it and a kept connection is
+    idle (see :func:`relay`); else None."""
+    attempt = session.presend(counted)
+    if attempt is None:
+        return None
+    started = ctx.upstream.start(upstream_url(attempt), try_body(body, attempt, session.cache_salt))
+    if started is not None:
+        ctx.metrics.presends.inc()
+    return started
 
 
 async def _next_try(ctx: GatewayContext, session: Session, attempt: Attempt, error: Exception) -> Attempt | None:
@@ -104,6 +147,13 @@ async def _next_try(ctx: GatewayContext, session: Session, attempt: Attempt, err
     return retry
 
 
+def _record_stream(session: Session, attempt: Attempt, watch: UsageWatch) -> None:
+    try:
+        session.answered(attempt, watch.usage_chunk, asynchronous=True)
+    except Exception as error:  # pragma: no cover - recording must never take a request down
+        emit("gateway.record_failed", level="warning", error=type(error).__name__)
+
+
 def _parsed(raw: bytes) -> Any:
     """A JSON answer parsed for :meth:`Session.answered` (its ``usage``); ``{}`` when it is not JSON."""
     try:
@@ -112,7 +162,7 @@ def _parsed(raw: bytes) -> Any:
         return {}
 
 
-async def _read_closed(response: httpx.Response) -> bytes:
+async def _read_closed(response: UpstreamResponse) -> bytes:
     try:
         return await response.aread()
     finally:
@@ -135,13 +185,13 @@ def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) 
     return own_error(status, f"the {attempt.decision.role} backend could not be reached ({type(error).__name__})")
 
 
-def _streamed(session: Session, attempt: Attempt, response: httpx.Response) -> StreamingResponse:
+def _streamed(session: Session, attempt: Attempt, response: UpstreamResponse) -> StreamingResponse:
     headers = {**route_headers(attempt.decision), "cache-control": "no-cache"}
     return StreamingResponse(_passed_through(session, attempt, response), status_code=response.status_code,
                              media_type=response.headers.get("content-type", "text/event-stream"), headers=headers)
 
 
-async def _passed_through(session: Session, attempt: Attempt, response: httpx.Response) -> AsyncIterator[bytes]:
+async def _passed_through(session: Session, attempt: Attempt, response: UpstreamResponse) -> AsyncIterator[bytes]:
     """The backend's SSE bytes as they arrive. A client that leaves cancels this generator, which closes the
     upstream response (the backend then aborts the request); usage is recorded when the stream ends either way."""
     watch = UsageWatch()
@@ -155,4 +205,4 @@ async def _passed_through(session: Session, attempt: Attempt, response: httpx.Re
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
-        session.answered(attempt, watch.usage_chunk, asynchronous=True)
+        _after_answer(_record_stream, session, attempt, watch)

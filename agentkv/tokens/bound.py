@@ -56,6 +56,31 @@ class EstimateBound:
         self.exhausted = False
         self.violations = 0
         self.observations = 0
+        # the byte ceiling (agentkv.tokens.ceiling) while the ratio is unknown: checked against exact counts
+        self.ceilings_checked = 0
+        self.ceiling_broken = False
+
+    @property
+    def trusts_ceiling(self) -> bool:
+        """Whether a payload's byte ceiling may stand for its count: at least one exact count of this backend has
+        been checked against its ceiling, and none has exceeded one (its template frames within the ceiling's
+        allowance)."""
+        return self.ceilings_checked > 0 and not self.ceiling_broken
+
+    def check_ceiling(self, ceiling: int | None, exact: int, *, backend: str = "", origin: str = "tokenize") -> bool:
+        """Check an exact count against its payload's byte ceiling (None: the payload has none); an exact count
+        above it means this backend's template spends more than the ceiling allows, and the ceiling is never
+        trusted again (a ``count_ceiling_exceeded`` warning). Returns whether the ceiling held."""
+        if ceiling is None:
+            return True
+        with self._lock:
+            self.ceilings_checked += 1
+            held = exact <= ceiling
+            self.ceiling_broken = self.ceiling_broken or not held
+        if not held:
+            emit("count_ceiling_exceeded", level="warning", backend=backend, origin=origin, ceiling=ceiling,
+                 exact=exact)
+        return held
 
     @property
     def factor(self) -> float:

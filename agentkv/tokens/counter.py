@@ -30,6 +30,7 @@ from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.tokens.bound import EstimateBound, shared_bound
 from agentkv.tokens.breaker import CircuitBreaker
+from agentkv.tokens.ceiling import byte_ceiling
 from agentkv.tokens.encodings import DEFAULT_ENCODING
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource
 from agentkv.tokens.sources import (
@@ -52,6 +53,9 @@ class TokenCounter:
         self.exact_asked = 0  # how often count_for asked past the estimate
         # how far estimate intervals are widened, learned from exact counts outside them (see tokens.bound)
         self.bound = bound if bound is not None else EstimateBound()
+        # the last payload's local count and byte ceiling, by identity (a request's answer re-reads both)
+        self._last_estimate: tuple[Payload, TokenCount] | None = None
+        self._last_ceiling: tuple[Payload, int | None] | None = None
 
     @classmethod
     def for_backend(cls, backend: Backend, *, use_server: bool = True, http: HttpTransport | None = None,
@@ -74,46 +78,78 @@ class TokenCounter:
     def estimate(self, payload: Payload) -> TokenCount:
         """The best count the local sources give (exact from a declared template), with its interval and safe
         figure widened by :attr:`bound` after exact counts fell outside earlier ones."""
-        return self.bound.apply(_first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload,
-                                             self._label))
+        last = self._last_estimate
+        if last is not None and last[0] is payload:  # the same request again (its answer teaching the bound)
+            return self.bound.apply(last[1])
+        local = _first_count([s for s in self.sources if not isinstance(s, ServerSource)], payload, self._label)
+        self._last_estimate = (payload, local)
+        return self.bound.apply(local)
 
     def count_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
         """The estimate when ``decides(low, high)`` says its interval is enough, else :meth:`count`."""
         estimate = self.estimate(payload)
-        if self._estimate_suffices(estimate, decides):
+        if self._estimate_suffices(estimate, payload, decides):
             return estimate
         self.exact_asked += 1
-        return self._checked(estimate, self.count(payload))
+        return self._checked(estimate, payload, self.count(payload))
 
     async def acount_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
         """:meth:`count_for` for async callers."""
         estimate = self.estimate(payload)
-        if self._estimate_suffices(estimate, decides):
+        if self._estimate_suffices(estimate, payload, decides):
             return estimate
         self.exact_asked += 1
-        return self._checked(estimate, await self.acount(payload))
+        return self._checked(estimate, payload, await self.acount(payload))
 
     def learn(self, payload: Payload, exact: int, *, origin: str = "usage") -> bool:
         """Teach :attr:`bound` an exact count of ``payload`` taken elsewhere (a response's ``usage.prompt_tokens``,
         the count taken while recovering from an overflow); True when it fell outside the estimate's interval."""
+        self._check_ceiling(payload, exact, origin)
         return self.bound.learn(self.estimate(payload), exact, backend=self._label, origin=origin)
 
-    def _checked(self, estimate: TokenCount, counted: TokenCount) -> TokenCount:
+    def _check_ceiling(self, payload: Payload, exact: int, origin: str) -> None:
+        """While the ratio is unknown (when a ceiling decides a count), or before any ceiling was checked (a ceiling
+        decides whether a request may be sent before it is counted: Session.presend), check ``exact`` against the
+        payload's ceiling."""
+        bound = self.bound
+        if (not bound.known or not bound.ceilings_checked) and not bound.ceiling_broken:
+            self.bound.check_ceiling(self._ceiling(payload), exact, backend=self._label, origin=origin)
+
+    def _ceiling(self, payload: Payload) -> int | None:
+        last = self._last_ceiling
+        if last is not None and last[0] is payload:
+            return last[1]
+        ceiling = byte_ceiling(payload)
+        self._last_ceiling = (payload, ceiling)
+        return ceiling
+
+    def _checked(self, estimate: TokenCount, payload: Payload, counted: TokenCount) -> TokenCount:
         """When an exact count falls outside the estimate's interval (the bound's assumption failed), say so and
         widen later intervals so that this count would have fallen inside (:class:`EstimateBound`); when no
         exact source answered, the (widened) estimate."""
         if not counted.exact:
             return estimate
+        self._check_ceiling(payload, counted.total, "tokenize")
         self.bound.learn(estimate, counted.total, backend=self._label, origin="tokenize")
         return counted
 
-    def _estimate_suffices(self, estimate: TokenCount, decides: Callable[[int, int], bool]) -> bool:
-        """The estimate is enough when it is exact, when no exact source exists, or once the bound has seen an
-        exact count of this backend (a first request is counted exactly) and ``decides`` says so."""
+    def _estimate_suffices(self, estimate: TokenCount, payload: Payload, decides: Callable[[int, int], bool]) -> bool:
+        """The estimate is enough when it is exact, when no exact source exists, or when ``decides`` says so of:
+        its interval, once an exact count of this backend has told its ratio (:attr:`EstimateBound.known`); else,
+        once exact counts have held within their ceilings, ``[0, byte ceiling]`` (:mod:`agentkv.tokens.ceiling`:
+        a short request far from every boundary needs no ``/tokenize``). A backend's first request is counted
+        exactly."""
         if estimate.exact or not any(isinstance(s, ServerSource) and not s.unsupported for s in self.sources):
             return True
         bound = self.bound
-        return self.estimate_first and bound.known and not bound.exhausted and decides(*estimate.interval)
+        if not self.estimate_first or bound.exhausted:
+            return False
+        if bound.known:
+            return decides(*estimate.interval)
+        if not bound.trusts_ceiling:
+            return False
+        ceiling = self._ceiling(payload)
+        return ceiling is not None and decides(0, max(ceiling, estimate.interval[1]))
 
     def count(self, payload: Payload) -> TokenCount:
         """The best count any source can give; a failing source is logged and skipped."""
