@@ -34,7 +34,10 @@ def test_content_blocks_are_counted_as_chatopenai_sends_them(fresh):
     missing cache_salt is warned about once."""
     blocks = [{"type": "text", "text": f"Block {i}: the disk latency rose on host {i}."} for i in range(6)]
     messages = [SystemMessage("You are careful."), HumanMessage(content=blocks)]
-    with make_session(fresh, tenant="t", cache_salt_secret="k") as s, capture_events() as events:
+    # count_exactly: every turn is counted by the server (a short turn far from any boundary would otherwise be
+    # decided on its estimate and byte ceiling, and recorded as the estimate)
+    with make_session(fresh, tenant="t", cache_salt_secret="k", count_exactly=True) as s, \
+            capture_events() as events:
         handler = AgentKVCallbackHandler(s)
         model = ChatOpenAI(model=fresh["fast"].model_id, base_url=fresh["fast"].api_base, api_key="-", max_tokens=2)
         answers = [model.invoke(messages, config={"callbacks": [handler]}) for _ in range(2)]
