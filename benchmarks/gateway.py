@@ -13,7 +13,7 @@ gateway is ``agentkv gateway`` in a process of its own (one worker). The client 
    before, over the conversations it then holds more); and 500 concurrent streaming conversations through the
    one gateway process: errors and wall time.
 
-    python benchmarks/gateway.py                 # about 3 minutes on 2 CPU cores
+    python benchmarks/gateway.py                 # about 4 minutes on 2 CPU cores (5 with the vLLM pair up)
     python benchmarks/gateway.py --requests 500 --concurrent 500 --no-vllm
 """
 
@@ -267,7 +267,7 @@ def vllm_up() -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=300, help="timed requests per side and mode")
+    parser.add_argument("--requests", type=int, default=600, help="timed requests per side and mode")
     parser.add_argument("--concurrent", type=int, default=500, help="concurrent streaming conversations")
     parser.add_argument("--idle", type=int, default=2000, help="conversations added to measure memory per idle one")
     parser.add_argument("--no-vllm", action="store_true", help="skip the real-vLLM pair even when it is up")
