@@ -69,6 +69,10 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
             early.cancel()
         ctx.metrics.rejections.labels("400").inc()
         return own_error(400, str(refusal))
+    except BaseException:  # the client left (cancelled) or the Session failed: the early request is abandoned
+        if early is not None:
+            early.cancel()
+        raise
     ctx.metrics.warm(attempt.warm)
     stream = bool(body.get("stream"))
     while True:
