@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Mapping
 
 import anyio
@@ -107,21 +107,23 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
         if stream:
             return _streamed(session, attempt, response)
         raw = await _read_closed(response)
-        _after_answer(_record_answer, session, attempt, raw)
+        _record_later(session, attempt, raw)
         return Response(raw, status_code=response.status_code, media_type=response.headers.get("content-type", _JSON),
                         headers=route_headers(attempt.decision))
 
 
-def _after_answer(record: Callable[..., None], *args: Any) -> None:
-    """Run ``record`` once the answer is on its way: by the event loop's next turn, which comes after the request's
-    task has written its response (nothing on the request path waits for the Session's bookkeeping)."""
-    asyncio.get_running_loop().call_soon(record, *args)
+def _record_later(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> None:
+    """Have the Session record ``answer`` (a JSON answer's bytes, or a stream's usage watch) once it is on its way:
+    by the event loop's next turn, which comes after the request's task has written its response (nothing on the
+    request path waits for the Session's bookkeeping)."""
+    asyncio.get_running_loop().call_soon(_record, session, attempt, answer)
 
 
-def _record_answer(session: Session, attempt: Attempt, raw: bytes) -> None:
-    """What the Session records of a JSON answer (its usage); a failure is logged, never raised to the loop."""
+def _record(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> None:
+    """What the Session records of an answer (its usage); a failure is logged, never raised to the loop."""
     try:
-        session.answered(attempt, _parsed(raw), asynchronous=True)
+        usage = answer.usage_chunk if isinstance(answer, UsageWatch) else _parsed(answer)
+        session.answered(attempt, usage, asynchronous=True)
     except Exception as error:  # pragma: no cover - recording must never take a request down
         emit("gateway.record_failed", level="warning", error=type(error).__name__)
 
@@ -149,13 +151,6 @@ async def _next_try(ctx: GatewayContext, session: Session, attempt: Attempt, err
     else:
         ctx.metrics.overflows_recovered.inc()
     return retry
-
-
-def _record_stream(session: Session, attempt: Attempt, watch: UsageWatch) -> None:
-    try:
-        session.answered(attempt, watch.usage_chunk, asynchronous=True)
-    except Exception as error:  # pragma: no cover - recording must never take a request down
-        emit("gateway.record_failed", level="warning", error=type(error).__name__)
 
 
 def _parsed(raw: bytes) -> Any:
@@ -209,4 +204,4 @@ async def _passed_through(session: Session, attempt: Attempt, response: Upstream
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
-        _after_answer(_record_stream, session, attempt, watch)
+        _record_later(session, attempt, watch)

@@ -9,8 +9,9 @@ most of what the gateway adds to a small request.
 
 Failures are raised as the httpx exceptions the rest of agentkv already reads (:func:`agentkv.retry.outage_cause`
 walks their cause to the socket error): :class:`httpx.ConnectError`/:class:`httpx.ConnectTimeout` before the
-request is sent, :class:`httpx.WriteError`, :class:`httpx.ReadTimeout` (no bytes for ``read_timeout_s``),
-:class:`httpx.RemoteProtocolError` (closed before or inside an answer, or an answer that does not parse).
+request is sent, :class:`httpx.ReadTimeout` (no bytes for ``read_timeout_s``), :class:`httpx.RemoteProtocolError`
+(closed before or inside an answer, or an answer that does not parse). A write to a connection the backend closed
+is not an error of its own: the close arrives as the connection's loss, and is read as one of these.
 
 A connection is reused only while it is idle for less than ``keepalive_s`` (below uvicorn's 5 s, so a backend
 never closes one under a request) and has not been closed by the backend; a request whose reused connection
@@ -75,15 +76,13 @@ class Upstream:
         connection = self._reusable(origin)
         if connection is None:
             return None
-        request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(content), content)
-        return Started(self, url, content, connection, connection.begin(request, self))
+        return Started(self, url, content, connection, connection.begin(_request(head, content), self))
 
     async def _post_new(self, url: str, content: bytes) -> UpstreamResponse:
         origin, head = self._target(url)
         connection = await self._connect(origin)
-        request = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(content), content)
         try:
-            return await connection.answer(connection.begin(request, self), self)
+            return await connection.answer(connection.begin(_request(head, content), self), self)
         except _ClosedBeforeAnswer as closed:
             raise httpx.RemoteProtocolError("the backend closed the connection without an answer") from closed.cause
 
@@ -413,3 +412,8 @@ def _protocol_error(message: str, cause: BaseException | None) -> httpx.RemotePr
     error = httpx.RemoteProtocolError(message)
     error.__cause__ = cause
     return error
+
+
+def _request(head: bytes, content: bytes) -> bytes:
+    """A POST's bytes: the target's request line and headers, its length, its JSON body."""
+    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(content), content)
