@@ -200,6 +200,26 @@ def test_ledger_records_each_turn(fresh):
     assert second.cached_tokens and second.cached_tokens >= first.input_tokens - 16
 
 
+def test_a_bounded_ledger_keeps_its_latest_rows_and_their_turn_numbers(fresh):
+    """``ledger_rows=3``: five turns leave rows 3 to 5, each with its cached tokens; usage for a turn still held is
+    recorded, one already dropped is refused by name."""
+    msgs, tools = conversation(0)
+    with session(fresh, ledger_rows=3) as s:
+        for _ in range(5):
+            s.completion(messages=msgs, tools=tools, max_tokens=4)
+        s.record_usage(4, cached_tokens=7)
+        with pytest.raises(ValueError, match="turns 3 to 5"):
+            s.record_usage(2, cached_tokens=1)
+    assert [row.turn for row in s.ledger] == [3, 4, 5] and s.ledger[1].cached_tokens == 7
+    assert s.ledger[2].cached_tokens and s.stats()["requests_total"] == 5
+
+
+@pytest.mark.parametrize("rows", [0, -1, 2.5, True])
+def test_a_ledger_bound_that_is_no_positive_int_is_refused(fresh, rows):
+    with pytest.raises(ValueError, match="ledger_rows"):
+        session(fresh, ledger_rows=rows)
+
+
 def test_ledger_says_a_turn_far_from_every_boundary_used_the_estimate(fresh):
     """Once the server's count has been seen (a backend's first request is counted exactly), a small turn is
     decided on the local estimate, says so in the ledger, and sends no /tokenize."""

@@ -74,6 +74,7 @@ class SessionCore:
         count_exactly: bool = False,
         ledger: CacheLedger | None = None,
         clock: Callable[[], float] | None = None,
+        ledger_rows: int | None = None,
     ) -> None:
         check_backends(fast, slow)
         self.fast, self.slow = fast, slow
@@ -98,7 +99,7 @@ class SessionCore:
         self._jobs = BackgroundJobs()
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
                                tenant=tenant, clock=clock or time.monotonic)
-        self._record = Recorder(self._stats)
+        self._record = Recorder(self._stats, rows=ledger_rows)
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.cache_ledger = ledger
         if ledger is not None and slow is not None and ledger.follows(slow):

@@ -59,6 +59,8 @@ class Session(SendsOutside):
     is event-aware (skips a resident prefix, re-warms an evicted one, tops up a growing tail; see
     ``docs/warm-ahead.md``), and every request to a backend it follows records the ledger's prediction
     against the ``cached_tokens`` reported (``ledger_predictions*`` in :meth:`stats`).
+    ``ledger_rows`` keeps only that many of the latest rows of :attr:`ledger` (their turns go on counting): for a
+    Session that lives long, as a gateway's conversation can; None (the default) keeps every row.
     """
 
     # ----------------------------------------------------------------- lifecycle
@@ -162,7 +164,8 @@ class Session(SendsOutside):
 
     @property
     def ledger(self) -> list[LedgerEntry]:
-        """One row per request: tokens, the tool schemas' share, count source, route, warm-ahead, cached tokens."""
+        """One row per request (the latest ``ledger_rows`` of them when bounded): tokens, the tool schemas' share,
+        count source, route, warm-ahead, cached tokens."""
         return self._record.ledger
 
     def stats(self) -> dict[str, Any]:

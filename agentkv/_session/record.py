@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
 from agentkv._session.responses import StreamWatcher, Usage, response_usage
+from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats
@@ -22,12 +23,17 @@ _REASON_COUNTERS = {"proactive": "proactive_routes", "clamped": "clamps", "react
 
 
 class Recorder:
-    """One Session's stats and ledger, and the role of its last answered request."""
+    """One Session's stats and ledger (its latest ``rows`` rows when bounded), and the role of its last answered
+    request."""
 
-    def __init__(self, stats: SessionStats) -> None:
+    def __init__(self, stats: SessionStats, *, rows: int | None = None) -> None:
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ConfigurationError(f"ledger_rows must be a positive int or None, got {rows!r}")
         self.stats = stats
         self.ledger: list[LedgerEntry] = []
         self.previous_role: Role | None = None
+        self._rows = rows
+        self._dropped = 0  # rows dropped from the front (a bounded ledger): turn t is at index t - 1 - dropped
 
     def finish(self, attempt: Attempt, response: Any, *, escalation: bool, after_warm: bool,
                on_usage: Callable[[Usage], None] | None = None) -> Any:
@@ -70,22 +76,26 @@ class Recorder:
 
     def record_usage(self, turn: int, cached_tokens: int | None) -> None:
         """Attach a response's cached-token count to a ledger turn."""
-        index = turn - 1
+        index = turn - 1 - self._dropped
         if not 0 <= index < len(self.ledger):
-            raise ValueError(f"no ledger turn {turn}; the ledger has {len(self.ledger)} turns")
+            held = f"turns {self._dropped + 1} to {self._dropped + len(self.ledger)}" if self.ledger else "no turns"
+            raise ValueError(f"no ledger turn {turn}; the ledger holds {held}")
         self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
         self._count_cached(cached_tokens)
 
     def _append(self, count: TokenCount, backend: str, reason: str, warm: str) -> LedgerEntry:
-        entry = LedgerEntry(len(self.ledger) + 1, count.total, count.tools, round(count.tools_share, 4), count.source,
-                            count.exact, backend, reason, warm)
+        entry = LedgerEntry(self._dropped + len(self.ledger) + 1, count.total, count.tools,
+                            round(count.tools_share, 4), count.source, count.exact, backend, reason, warm)
         self.ledger.append(entry)
+        if self._rows is not None and len(self.ledger) > self._rows:
+            del self.ledger[0]  # rows is small: the shift is cheap
+            self._dropped += 1
         return entry
 
     def _cached(self, entry: LedgerEntry, cached: int | None, escalation: bool) -> None:
         self._count_cached(cached)
-        index = entry.turn - 1
-        if index < len(self.ledger) and self.ledger[index] is entry:
+        index = entry.turn - 1 - self._dropped
+        if 0 <= index < len(self.ledger) and self.ledger[index] is entry:
             self.ledger[index] = replace(entry, cached_tokens=cached)
         if escalation and cached is not None:
             self.stats.add("cached_tokens_on_escalation", cached)

@@ -26,6 +26,9 @@ from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 __all__ = ["GatewayContext", "backends_of", "session_id"]
 
 _Key = tuple[str, str]  # (tenant, conversation)
+LEDGER_ROWS = 32
+"""Ledger rows each conversation's Session keeps: a conversation can last as long as its client sends the same
+``x-session-id`` or ``user``, and its memory must not grow with its turns."""
 
 
 def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:
@@ -83,7 +86,7 @@ class GatewayContext:
         salted: dict[str, Any] = {"cache_salt_secret": self.secret} if self.secret else {"cache_salt": False}
         emit("gateway.session.new", tenant=tenant, conversation=digest(conversation), held=len(self.sessions))
         return Session(self.fast, self.slow, tenant=tenant, session_id=session_id(conversation), state=self.state,
-                       discovery=self.discovery, warm_ahead=self.warm_ahead, **salted)
+                       discovery=self.discovery, warm_ahead=self.warm_ahead, ledger_rows=LEDGER_ROWS, **salted)
 
     async def send(self, url: str, content: bytes) -> UpstreamResponse:
         """POST ``content`` (JSON) to ``url`` upstream; the answer's body is left unread (a stream)."""
