@@ -134,11 +134,11 @@ class WindowDiscovery:
         """The backend's window (declared, corrected, server, then litellm's catalog; a server's overflow
         correcting a declared window downwards wins over it) and, unless
         ``model_known=False``, whether its model is known; may ``GET /models`` (cached) and, for cloud
-        models, import litellm."""
+        models, import litellm (a self-hosted model's catalog entry is read only once litellm is loaded)."""
         shared = self._read_shared(backend, model_known)
         needed = _needs_server(backend, model_known) or self._is_contested(backend)
         info = _shared_info(shared) or (self.server_info(backend) if needed else None)
-        catalog = catalog_window(backend.model) if _needs_catalog(backend, info, model_known) else None
+        catalog = _catalog(backend) if _needs_catalog(backend, info, model_known) else None
         return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     async def awindow(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
@@ -148,7 +148,8 @@ class WindowDiscovery:
         if info is None and (_needs_server(backend, model_known) or self._is_contested(backend)):
             info = await self.aserver_info(backend)
         needed = _needs_catalog(backend, info, model_known)
-        catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
+        catalog = (await asyncio.to_thread(_catalog, backend) if backend.is_cloud else _catalog(backend)) \
+            if needed else None
         return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     def recent(self, backend: Backend, *, model_known: bool = True, max_age_s: float = 1.0) -> WindowInfo | None:
@@ -399,6 +400,13 @@ class WindowDiscovery:
 
 def _needs_server(backend: Backend, model_known: bool) -> bool:
     return backend.api_base is not None and (backend.window is None or model_known)
+
+
+def _catalog(backend: Backend) -> int | None:
+    """litellm's catalog window for ``backend``'s model. Only a cloud backend imports litellm for it: a self-hosted
+    one asks the catalog when its server cannot say (it is down), on the request's path, so it reads the
+    catalog only if litellm is loaded already (a model the caller registered with ``litellm.register_model``)."""
+    return catalog_window(backend.model, may_import=backend.is_cloud)
 
 
 def _needs_catalog(backend: Backend, info: ServerInfo | None, model_known: bool) -> bool:
