@@ -1,19 +1,25 @@
 """What ``agentkv gateway`` costs: direct to the backend vs through the gateway, side by side in one run.
 
-Backends: two embedded servers (``agentkv serve --size tiny``, each in its own process, as vLLM would be) and,
-when the real-vLLM dev pair answers on 127.0.0.1:18001/18002 (``python -m agentkv.vllm_cpu``), vLLM too. The
-gateway is ``agentkv gateway`` in a process of its own (one worker). The client is this process.
+Backends: two embedded servers (``agentkv serve --size tiny``, each in its own process, as vLLM would be) and
+real vLLM: the dev pair when it answers on 127.0.0.1:18001/18002 (``python -m agentkv.vllm_cpu``), else, with
+``--start-vllm``, a pair started here on the backends' cores. The gateway is ``agentkv gateway`` in a process
+of its own (one worker). The client is this process.
 
 1. Added latency, small non-streamed requests far from any boundary (a one-line prompt, ``max_tokens=1``, the
-   turns of one conversation by ``x-session-id``): sequential requests on keep-alive connections, direct and
-   through the gateway alternating; p50 and p99 of each, the difference, and the median paired difference;
-   and the gateway process's CPU time per request (``/proc``: what it adds when no other process competes).
+   turns of one conversation by ``x-session-id``): sequential requests on keep-alive connections, direct,
+   through the gateway, and through a *byte relay* taking turns; p50 and p99 of each, the differences, and the
+   median paired differences; and the gateway process's CPU time per request (``/proc``: what it adds when no
+   other process competes). The byte relay is the floor any proxy pays here: a process on the gateway's core
+   that copies bytes between the client's connection and one to fast (asyncio, no HTTP), so what the gateway
+   adds over it is the gateway's own work. On a small VM it is most of the figure: waking a vCPU that has been
+   idle for a few milliseconds (as the gateway's is while the backend computes) takes 0.1-0.3 ms.
 2. Time to the first streamed byte: the same, streaming; the first body chunk's arrival.
 3. Memory: 2,000 conversations (8 at a time), then the gateway's RSS per idle conversation (RSS after minus
    before, over the conversations it then holds more); and 500 concurrent streaming conversations through the
    one gateway process: errors and wall time.
 
     python benchmarks/gateway.py                 # about 4 minutes on 2 CPU cores (5 with the vLLM pair up)
+    python benchmarks/gateway.py --start-vllm    # a real-vLLM pair of its own, pinned with the backends
     python benchmarks/gateway.py --requests 500 --concurrent 500 --no-vllm
 """
 
@@ -126,6 +132,50 @@ class Gateway:
         raise RuntimeError("no VmRSS")
 
 
+class Relay:
+    """The byte relay (see the module's docstring): ``python benchmarks/gateway.py --relay-to HOST:PORT``, on the
+    gateway's core, ready when it prints its port."""
+
+    def __init__(self, api_base: str) -> None:
+        target = api_base.split("://", 1)[1].split("/", 1)[0]
+        self.process = subprocess.Popen([sys.executable, __file__, "--relay-to", target], stdout=subprocess.PIPE,
+                                        text=True, preexec_fn=_pinned(FRONT_CPUS))
+        assert self.process.stdout is not None
+        self.root = f"http://127.0.0.1:{int(self.process.stdout.readline())}"
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+def relay_forever(target: str) -> None:
+    """Copy bytes between each accepted connection and a new one to ``target``, both ways, until either closes."""
+    host, port = target.rsplit(":", 1)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+        finally:
+            writer.close()
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+    async def serve() -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, as the gateway
+        listener.bind(("127.0.0.1", 0))
+        server = await asyncio.start_server(accepted, sock=listener)
+        print(listener.getsockname()[1], flush=True)
+        await server.serve_forever()
+
+    asyncio.run(serve())
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -160,26 +210,30 @@ def timed_first_byte(client: httpx.Client, url: str, body: dict[str, Any]) -> fl
     return elapsed
 
 
-def side_by_side(direct: str, model: str, gateway: Gateway, requests: int, stream: bool) -> dict[str, float]:
-    """Alternating direct and gateway requests; ms quantiles of each and of the paired difference."""
+def side_by_side(direct: str, model: str, gateway: Gateway, relay: Relay, requests: int,
+                 stream: bool) -> dict[str, float]:
+    """Direct, relayed and gateway requests taking turns; ms quantiles of each and of the paired differences."""
     measure = timed_first_byte if stream else timed_json
-    times: dict[str, list[float]] = {"direct": [], "gateway": []}
-    via = gateway.root + "/v1/chat/completions"
+    sides = {"direct": direct, "relay": relay.root + "/v1/chat/completions",
+             "gateway": gateway.root + "/v1/chat/completions"}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     with httpx.Client(timeout=60) as client:
         for _ in range(20):  # warm the connections, the gateway's caches and the backend
-            measure(client, direct, small_body(model, stream))
-            measure(client, via, small_body(model, stream))
+            for url in sides.values():
+                measure(client, url, small_body(model, stream))
         cpu = gateway.cpu_s()
-        for i in range(requests):
-            order = (("direct", direct), ("gateway", via)) if i % 2 else (("gateway", via), ("direct", direct))
-            for name, url in order:
-                times[name].append(measure(client, url, small_body(model, stream)))
+        order = list(sides)
+        for _ in range(requests):
+            order = order[1:] + order[:1]  # each side follows each other side as often
+            for name in order:
+                times[name].append(measure(client, sides[name], small_body(model, stream)))
         cpu = (gateway.cpu_s() - cpu) / requests
-    paired = [g - d for g, d in zip(times["gateway"], times["direct"])]
     ms = {f"{name}_p{int(q * 100)}": quantile(values, q) * 1000 for name, values in times.items() for q in (0.5, 0.99)}
-    ms["added_p50"] = ms["gateway_p50"] - ms["direct_p50"]
-    ms["added_p99"] = ms["gateway_p99"] - ms["direct_p99"]
-    ms["paired_median"] = statistics.median(paired) * 1000
+    for name in ("relay", "gateway"):
+        ms[f"{name}_added_p50"] = ms[f"{name}_p50"] - ms["direct_p50"]
+        ms[f"{name}_added_p99"] = ms[f"{name}_p99"] - ms["direct_p99"]
+        ms[f"{name}_paired"] = statistics.median(g - d for g, d in zip(times[name], times["direct"])) * 1000
+    ms["over_relay"] = statistics.median(g - r for g, r in zip(times["gateway"], times["relay"])) * 1000
     ms["gateway_cpu"] = cpu * 1000
     return ms
 
@@ -220,21 +274,23 @@ async def concurrent_streams(url: str, model: str, count: int, parallel: int | N
 def report(title: str, ms: dict[str, float]) -> None:
     print(f"  {title}")
     print(f"    direct   p50 {ms['direct_p50']:7.2f} ms   p99 {ms['direct_p99']:7.2f} ms")
-    print(f"    gateway  p50 {ms['gateway_p50']:7.2f} ms   p99 {ms['gateway_p99']:7.2f} ms")
-    print(f"    added    p50 {ms['added_p50']:7.2f} ms   p99 {ms['added_p99']:7.2f} ms   "
-          f"(median paired difference {ms['paired_median']:.2f} ms)")
-    print(f"    gateway process CPU per request {ms['gateway_cpu']:.2f} ms")
+    for name in ("relay", "gateway"):
+        print(f"    {name:8s} p50 {ms[f'{name}_p50']:7.2f} ms   p99 {ms[f'{name}_p99']:7.2f} ms   added p50 "
+              f"{ms[f'{name}_added_p50']:5.2f} ms, p99 {ms[f'{name}_added_p99']:5.2f} ms "
+              f"(median paired difference {ms[f'{name}_paired']:.2f} ms)")
+    print(f"    the gateway over the byte relay: median paired difference {ms['over_relay']:.2f} ms; "
+          f"gateway process CPU per request {ms['gateway_cpu']:.2f} ms")
 
 
 def bench_backend(label: str, fast: str, fast_model: str, slow: str, slow_model: str, args: argparse.Namespace,
                   log: Path, concurrency: bool) -> None:
-    with Gateway(fast, fast_model, slow, slow_model, log) as gateway:
+    with Gateway(fast, fast_model, slow, slow_model, log) as gateway, Relay(fast) as relay:
         gw = gateway.root + "/v1/chat/completions"
-        print(f"\n== {label}: direct {fast} vs gateway {gateway.root}")
+        print(f"\n== {label}: direct {fast} vs gateway {gateway.root} vs byte relay {relay.root}")
         report("non-streamed, max_tokens=1 (latency to the whole answer)",
-               side_by_side(fast + "/chat/completions", fast_model, gateway, args.requests, stream=False))
+               side_by_side(fast + "/chat/completions", fast_model, gateway, relay, args.requests, stream=False))
         report("streamed (time to the first body byte)",
-               side_by_side(fast + "/chat/completions", fast_model, gateway, args.requests, stream=True))
+               side_by_side(fast + "/chat/completions", fast_model, gateway, relay, args.requests, stream=True))
         if not concurrency:
             return
         # idle conversations first, 8 at a time, while the heap holds little else (the concurrent run's buffers,
@@ -257,6 +313,24 @@ def held(root: str) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def own_vllm_pair() -> Iterator[tuple[str, str, str, str]]:
+    """The tier's two real vLLM servers started here (``--start-vllm``), on the backends' cores like the embedded
+    ones (this process's affinity, which they inherit, and their compute threads bound there too)."""
+    from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv, start_all
+
+    python, models = ensure_venv(), ensure_models()
+    bind = ",".join(str(cpu) for cpu in sorted(BACKEND_CPUS)) if BACKEND_CPUS else "nobind"
+    fast = VLLMServer(python, models.fast, window=2048, served_name="fast", threads_bind=bind)
+    slow = VLLMServer(python, models.slow, window=8192, served_name="slow", threads_bind=bind)
+    start_all(fast, slow)
+    try:
+        yield fast.base_url, "fast", slow.base_url, "slow"
+    finally:
+        fast.stop()
+        slow.stop()
+
+
 def vllm_up() -> bool:
     try:
         return all(httpx.get(url.removesuffix("/v1") + "/health", timeout=2).status_code == 200
@@ -271,10 +345,16 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=500, help="concurrent streaming conversations")
     parser.add_argument("--idle", type=int, default=2000, help="conversations added to measure memory per idle one")
     parser.add_argument("--no-vllm", action="store_true", help="skip the real-vLLM pair even when it is up")
+    parser.add_argument("--start-vllm", action="store_true", help="start a real-vLLM pair of its own, pinned like "
+                        "the embedded servers (when the dev pair is not up; about 2 minutes to start)")
     parser.add_argument("--log-dir", default=None, help="where the gateways' logs go (default: a temp dir)")
     parser.add_argument("--no-pin", action="store_true", help="share every core (default: the gateway on the last "
                         "CPU, the backends and the client on the others)")
+    parser.add_argument("--relay-to", metavar="HOST:PORT", help=argparse.SUPPRESS)  # the byte relay's own process
     args = parser.parse_args()
+    if args.relay_to:
+        relay_forever(args.relay_to)
+        return
     global BACKEND_CPUS, FRONT_CPUS
     cpus = sorted(os.sched_getaffinity(0))
     if not args.no_pin and len(cpus) >= 2:
@@ -288,10 +368,16 @@ def main() -> None:
     with served(2048, "fast-tiny") as fast, served(16384, "slow-tiny") as slow:
         bench_backend("embedded server (agentkv serve --size tiny)", fast, "fast-tiny", slow, "slow-tiny", args,
                       logs / "embedded.log", concurrency=True)
-    if not args.no_vllm and vllm_up():
-        bench_backend("real vLLM 0.32 (CPU)", *VLLM, args, logs / "vllm.log", concurrency=False)
-    elif not args.no_vllm:
-        print("\n(real vLLM pair not running on 18001/18002: skipped)")
+    if args.no_vllm:
+        return
+    if vllm_up():
+        bench_backend("real vLLM 0.32 (CPU), the dev pair", *VLLM, args, logs / "vllm.log", concurrency=False)
+    elif args.start_vllm:
+        with own_vllm_pair() as pair:
+            bench_backend("real vLLM 0.32 (CPU), pinned with the backends", *pair, args, logs / "vllm.log",
+                          concurrency=False)
+    else:
+        print("\n(real vLLM pair not running on 18001/18002, and no --start-vllm: skipped)")
 
 
 if __name__ == "__main__":

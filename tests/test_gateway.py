@@ -267,6 +267,27 @@ def test_both_backends_down_is_a_502_in_openai_shape(make_gateway):
     assert answer.status_code == 502 and answer.json()["error"]["type"] == "upstream_error" and no_route_headers(answer)
 
 
+def test_a_failure_inside_the_gateway_is_a_500_in_openai_shape_and_the_next_request_is_served(gateway, monkeypatch):
+    """An unexpected error while relaying (here: the Session fails) answers 500 in OpenAI's shape, naming only the
+    error's type, and the connection goes on serving."""
+    from agentkv._session.external import SendsOutside
+
+    def broken(self, body):
+        raise RuntimeError("secret prompt text")
+
+    with httpx.Client(timeout=60, headers={"authorization": f"Bearer {ACME}"}) as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        with monkeypatch.context() as patch:
+            patch.setattr(SendsOutside, "aprepare", broken)
+            patch.setattr(SendsOutside, "presend", lambda self, body: None)
+            failed = http.post(gateway.base_url + "/chat/completions", json=body)
+        served = http.post(gateway.base_url + "/chat/completions", json=body)
+    assert failed.status_code == 500 and no_route_headers(failed)
+    assert failed.json()["error"]["type"] == "api_error" and "RuntimeError" in failed.json()["error"]["message"]
+    assert "secret" not in failed.text
+    assert served.status_code == 200 and served.headers["x-agentkv-backend"] == "fast"
+
+
 def test_an_upstream_error_keeps_its_status_and_openai_shape(gateway, fresh):
     """A backend's own 400 (not an overflow) reaches the client with its status, shape and the route headers."""
     answer = post(gateway, "/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
@@ -342,6 +363,21 @@ def test_the_sessions_map_is_bounded(make_gateway):
         post(gateway, "/chat/completions", {"model": "m", "max_tokens": 2,
                                             "messages": [{"role": "user", "content": f"{uuid.uuid4()} {n}"}]})
     assert len(gateway.app.state.ctx.sessions) == 2 and metric(gateway.root, "agentkv_gateway_sessions") == 2
+
+
+def test_a_long_conversation_holds_a_bounded_ledger(gateway):
+    """One conversation (one x-session-id) for more turns than its ledger keeps: its Session holds the latest
+    rows only, numbered by turn."""
+    from agentkv.gateway.context import LEDGER_ROWS
+
+    header = {"x-session-id": f"long-{uuid.uuid4()}"}
+    with httpx.Client(timeout=60, headers={"authorization": f"Bearer {ACME}", **header}) as http:
+        for n in range(LEDGER_ROWS + 8):
+            http.post(gateway.base_url + "/chat/completions", json={
+                "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": f"turn {n}"}]}).raise_for_status()
+    (session,) = gateway.app.state.ctx.sessions.values()
+    wait_for(lambda: len(session.ledger) and session.ledger[-1].turn == LEDGER_ROWS + 8, "the last turn's row")
+    assert [row.turn for row in session.ledger] == list(range(9, LEDGER_ROWS + 9))
 
 
 def test_short_requests_are_written_before_they_are_counted_and_sent_once(gateway, fresh):

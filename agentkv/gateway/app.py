@@ -1,4 +1,5 @@
-"""The gateway's ASGI app (Starlette): a list of routes, each a small async function; the lifespan owns the
+"""The gateway's ASGI app: the two routed POSTs on plain ASGI (:mod:`agentkv.gateway.exchange`: they are the hot
+path), and a Starlette app for the rest, a list of routes, each a small async function, whose lifespan owns the
 shared :class:`~agentkv.gateway.context.GatewayContext` (the upstream client, the Sessions, the metrics).
 
     app = create_app(GatewayConfig(fast_url=..., fast_model=..., slow_url=..., slow_model=...))
@@ -17,32 +18,55 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agentkv._session.driver import Session
 from agentkv.events import defer_events, digest, emit
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.context import GatewayContext
+from agentkv.gateway.exchange import BodyTooLarge, ClientLeft, Receive, Reply, Send, header, read_body, \
+    serve_exchange, write
 from agentkv.gateway.identity import conversation_id
 from agentkv.gateway.metrics import CONTENT_TYPE_LATEST
 from agentkv.gateway.relay import own_error, relay
 
-__all__ = ["MODEL_ID", "app_from_env", "create_app", "request_problem"]
+__all__ = ["MODEL_ID", "GatewayApp", "app_from_env", "create_app", "request_problem"]
 
 MODEL_ID = "agentkv"
 """The one model ``GET /v1/models`` lists: the gateway picks the backend, whatever ``model`` a request names."""
-SESSION_HEADER = "x-session-id"
+SESSION_HEADER = b"x-session-id"
+ROUTED = {"/v1/chat/completions": True, "/v1/completions": False}
+"""The routed POST endpoints (served on plain ASGI), each with whether it is the chat one."""
 
 _Handler = Callable[[Request, GatewayContext], Awaitable[Response]]
 
 
-class _TooLarge(Exception):
-    pass
+class GatewayApp:
+    """The gateway's ASGI app. The routed POSTs are its hot path and are served here on plain ASGI
+    (:mod:`agentkv.gateway.exchange`); every other request, and the lifespan, go to the Starlette app of the
+    other routes (``routes``), whose ``state`` holds the process's :class:`GatewayContext`."""
+
+    def __init__(self, routes: Starlette) -> None:
+        self.routes = routes
+
+    @property
+    def state(self) -> State:
+        return self.routes.state
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            chat = ROUTED.get(scope["path"])
+            if chat is not None:
+                await _routed(scope, receive, send, self.routes.state.ctx, chat=chat)
+                return
+        await self.routes(scope, receive, send)
 
 
 def request_problem(body: Any, *, chat: bool) -> str | None:
@@ -62,44 +86,48 @@ def request_problem(body: Any, *, chat: bool) -> str | None:
     return "'prompt' must be a string or an array of strings"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request's body, read as it arrives; :class:`_TooLarge` past ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _tenant(ctx: GatewayContext, authorization: str | None, path: str) -> str | Reply:
+    """The tenant a request's key names, or the 401 (OpenAI's shape, nothing sent upstream) when it names none."""
+    tenant = ctx.tenant(authorization)
+    if tenant is not None:
+        return tenant
+    ctx.metrics.rejections.labels("401").inc()
+    emit("gateway.unauthorized", path=path)
+    return own_error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'")
 
 
 def _guarded(handler: _Handler) -> Callable[[Request], Awaitable[Response]]:
-    """A ``/v1/*`` endpoint: the tenant's key checked first (401 in OpenAI's shape, nothing sent upstream)."""
+    """A Starlette ``/v1/*`` endpoint: the tenant's key checked first."""
 
     async def endpoint(request: Request) -> Response:
-        defer_events()  # this request's events are logged while it waits for its backend, not before
         ctx: GatewayContext = request.app.state.ctx
-        tenant = ctx.tenant(request.headers.get("authorization"))
-        if tenant is None:
-            ctx.metrics.rejections.labels("401").inc()
-            emit("gateway.unauthorized", path=request.url.path)
-            return own_error(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'")
+        tenant = _tenant(ctx, request.headers.get("authorization"), request.url.path)
+        if isinstance(tenant, Reply):
+            return _response(tenant)
         request.state.tenant = tenant
         return await handler(request, ctx)
 
     return endpoint
 
 
-async def _routed(request: Request, ctx: GatewayContext, *, chat: bool) -> Response:
+async def _routed(scope: Mapping[str, Any], receive: Receive, send: Send, ctx: GatewayContext, *, chat: bool) -> None:
+    """A routed POST: the key, the body (413 past the limit, 400 when it cannot be routed), the conversation's
+    Session, and the relay's answer, written unless the client leaves first."""
+    defer_events()  # this request's events are logged while it waits for its backend, not before
     started = time.perf_counter()
+    tenant = _tenant(ctx, header(scope, b"authorization"), scope["path"])
+    if isinstance(tenant, Reply):
+        await write(send, tenant)
+        return
     try:
-        raw = await read_body(request, ctx.config.max_body_bytes)
-    except _TooLarge:
+        raw = await read_body(scope, receive, ctx.config.max_body_bytes)
+    except BodyTooLarge:
         ctx.metrics.rejections.labels("413").inc()
-        return own_error(413, f"the request body is larger than {ctx.config.max_body_bytes} bytes")
+        await write(send, own_error(413, f"the request body is larger than {ctx.config.max_body_bytes} bytes"))
+        return
+    except ClientLeft:
+        emit("gateway.client_disconnected", path=scope["path"])
+        return
     try:
         body = json.loads(raw)
     except ValueError:
@@ -107,58 +135,31 @@ async def _routed(request: Request, ctx: GatewayContext, *, chat: bool) -> Respo
     problem = request_problem(body, chat=chat) if body is not None else "the request body is not valid JSON"
     if problem is not None:
         ctx.metrics.rejections.labels("400").inc()
-        return own_error(400, problem)
-    conversation = conversation_id(request.headers.get(SESSION_HEADER), body)
-    session = ctx.session(request.state.tenant, conversation)
-    response = await _unless_disconnected(request, relay(ctx, session, body))
+        await write(send, own_error(400, problem))
+        return
+    conversation = conversation_id(header(scope, SESSION_HEADER), body)
+    reply = await serve_exchange(receive, send, _answer(ctx, ctx.session(tenant, conversation), body))
+    if reply is None:
+        emit("gateway.client_disconnected", path=scope["path"])
     asyncio.get_running_loop().call_soon(  # logged once the answer is on its way
-        _log_request, request.state.tenant, conversation, len(raw), response, bool(body.get("stream")),
+        _log_request, tenant, conversation, len(raw), reply, bool(body.get("stream")),
         (time.perf_counter() - started) * 1000)
-    return response
 
 
-def _log_request(tenant: str, conversation: str, size: int, response: Response, stream: bool, ms: float) -> None:
-    emit("gateway.request", tenant=tenant, conversation=digest(conversation), bytes=size, status=response.status_code,
-         backend=response.headers.get("x-agentkv-backend"), route=response.headers.get("x-agentkv-route"),
-         stream=stream, ms=round(ms, 2))
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
-    """``work``'s answer, or, when the client disconnects first, a 499 with ``work`` cancelled (its upstream
-    request closed): a watcher task cancels this one at the client's disconnect."""
-    task = asyncio.current_task()
-    assert task is not None
-    left = asyncio.Event()
-    watcher = asyncio.get_running_loop().create_task(_cancel_at_disconnect(request, task, left))
+async def _answer(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> Reply:
+    """The relay's reply; a 500 in OpenAI's shape (its error's type logged) when the gateway itself fails."""
     try:
-        return await work
-    except asyncio.CancelledError:
-        if not left.is_set():
-            raise
-        uncancel = getattr(task, "uncancel", None)  # Python 3.11+: this task goes on, no longer being cancelled
-        if uncancel is not None:
-            uncancel()
-        emit("gateway.client_disconnected", path=request.url.path)
-        return Response(status_code=499)
-    finally:
-        watcher.cancel()
+        return await relay(ctx, session, body)
+    except Exception as error:
+        emit("gateway.failed", level="error", error=type(error).__name__)
+        return own_error(500, f"the gateway failed on this request ({type(error).__name__})")
 
 
-async def _cancel_at_disconnect(request: Request, task: asyncio.Task[Any], left: asyncio.Event) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    left.set()
-    task.cancel()
-
-
-async def chat_completions(request: Request, ctx: GatewayContext) -> Response:
-    """``POST /v1/chat/completions``: routed fast or slow, JSON or SSE."""
-    return await _routed(request, ctx, chat=True)
-
-
-async def completions(request: Request, ctx: GatewayContext) -> Response:
-    """``POST /v1/completions``: a text completion, routed by the same rules."""
-    return await _routed(request, ctx, chat=False)
+def _log_request(tenant: str, conversation: str, size: int, reply: Reply | None, stream: bool, ms: float) -> None:
+    headers = reply.headers if reply is not None else {}
+    emit("gateway.request", tenant=tenant, conversation=digest(conversation), bytes=size,
+         status=reply.status if reply is not None else 499, backend=headers.get("x-agentkv-backend"),
+         route=headers.get("x-agentkv-route"), stream=stream, ms=round(ms, 2))
 
 
 async def models(request: Request, ctx: GatewayContext) -> Response:
@@ -171,7 +172,12 @@ async def models(request: Request, ctx: GatewayContext) -> Response:
 
 async def not_found(request: Request, ctx: GatewayContext) -> Response:
     """Any other ``/v1/*`` path."""
-    return own_error(404, f"no route {request.method} {request.url.path} on the agentkv gateway")
+    return _response(own_error(404, f"no route {request.method} {request.url.path} on the agentkv gateway"))
+
+
+def _response(reply: Reply) -> Response:
+    """A whole :class:`Reply` as a Starlette answer."""
+    return Response(reply.body, status_code=reply.status, media_type=reply.content_type, headers=dict(reply.headers))
 
 
 async def health(request: Request) -> Response:
@@ -186,7 +192,7 @@ async def metrics(request: Request) -> Response:
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_app(config: GatewayConfig, *, context: Callable[[], GatewayContext] | None = None) -> Starlette:
+def create_app(config: GatewayConfig, *, context: Callable[[], GatewayContext] | None = None) -> GatewayApp:
     """The gateway for ``config``; ``context`` builds the shared state instead (tests hand in their own)."""
 
     @contextlib.asynccontextmanager
@@ -202,13 +208,11 @@ def create_app(config: GatewayConfig, *, context: Callable[[], GatewayContext] |
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
-        Route("/v1/chat/completions", _guarded(chat_completions), methods=["POST"]),
-        Route("/v1/completions", _guarded(completions), methods=["POST"]),
         Route("/v1/{path:path}", _guarded(not_found), methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return GatewayApp(Starlette(routes=routes, lifespan=lifespan))
 
 
-def app_from_env() -> Starlette:
+def app_from_env() -> GatewayApp:
     """The app for the configuration in ``AGENTKV_GATEWAY_CONFIG``: the factory uvicorn's workers import."""
     return create_app(GatewayConfig.from_env())

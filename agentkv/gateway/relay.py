@@ -16,24 +16,22 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Mapping
 
-import anyio
 import httpx
-from starlette.responses import Response, StreamingResponse
 
 from agentkv._session.attempts import Attempt
 from agentkv._session.driver import Session
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
+from agentkv.gateway.exchange import JSON, Reply
 from agentkv.gateway.upstream import Started, UpstreamResponse
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
 from agentkv.integrations.openai import Rejected, UsageWatch, counted_view, outgoing_body
 
-__all__ = ["RECOVERABLE", "relay", "upstream_url"]
+__all__ = ["RECOVERABLE", "own_error", "relay", "try_body", "upstream_url"]
 
 RECOVERABLE = (400, 413, 502, 503, 504)
 """Statuses handed to :meth:`Session.arecover`: a possible context overflow, or an outage."""
-_JSON = "application/json"
 
 
 def upstream_url(attempt: Attempt) -> str:
@@ -47,12 +45,12 @@ def try_body(body: Mapping[str, Any], attempt: Attempt, salt: str | None) -> byt
     return json.dumps(outgoing_body({**body, "model": attempt.backend.served_model}, attempt, salt)).encode()
 
 
-def own_error(status: int, message: str) -> Response:
+def own_error(status: int, message: str) -> Reply:
     """An answer the gateway makes itself (no route headers)."""
-    return Response(error_body(status, message), status_code=status, media_type=_JSON)
+    return Reply(status, error_body(status, message))
 
 
-async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> Response:
+async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> Reply:
     """Route ``body`` through ``session`` and answer with what the final backend said.
 
     A request the Session can vouch for before counting it (:meth:`Session.presend`: fast, as it is, far from
@@ -108,8 +106,8 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
             return _streamed(session, attempt, response)
         raw = await _read_closed(response)
         _record_later(session, attempt, raw)
-        return Response(raw, status_code=response.status_code, media_type=response.headers.get("content-type", _JSON),
-                        headers=route_headers(attempt.decision))
+        return Reply(response.status_code, raw, route_headers(attempt.decision),
+                     response.headers.get("content-type", JSON))
 
 
 def _record_later(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> None:
@@ -168,15 +166,14 @@ async def _read_closed(response: UpstreamResponse) -> bytes:
         await response.aclose()
 
 
-def _upstream_error(ctx: GatewayContext, attempt: Attempt, status: int, raw: bytes) -> Response:
+def _upstream_error(ctx: GatewayContext, attempt: Attempt, status: int, raw: bytes) -> Reply:
     """A backend's error answer, in OpenAI's shape with its status, from the backend that produced it."""
     ctx.metrics.upstream_errors.labels(attempt.decision.role, str(status)).inc()
     emit("gateway.upstream_error", backend=attempt.decision.role, status=status, bytes=len(raw))
-    return Response(upstream_error_body(status, raw), status_code=status, media_type=_JSON,
-                    headers=route_headers(attempt.decision))
+    return Reply(status, upstream_error_body(status, raw), route_headers(attempt.decision))
 
 
-def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) -> Response:
+def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) -> Reply:
     """No backend could be reached (or the last one timed out): 504 for a timeout, else 502."""
     status = 504 if isinstance(error, httpx.TimeoutException) else 502
     ctx.metrics.upstream_errors.labels(attempt.decision.role, str(status)).inc()
@@ -184,24 +181,24 @@ def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) 
     return own_error(status, f"the {attempt.decision.role} backend could not be reached ({type(error).__name__})")
 
 
-def _streamed(session: Session, attempt: Attempt, response: UpstreamResponse) -> StreamingResponse:
+def _streamed(session: Session, attempt: Attempt, response: UpstreamResponse) -> Reply:
     headers = {**route_headers(attempt.decision), "cache-control": "no-cache"}
-    return StreamingResponse(_passed_through(session, attempt, response), status_code=response.status_code,
-                             media_type=response.headers.get("content-type", "text/event-stream"), headers=headers)
+    return Reply(response.status_code, headers=headers, content_type=response.headers.get("content-type",
+                 "text/event-stream"), chunks=_passed_through(session, attempt, response))
 
 
 async def _passed_through(session: Session, attempt: Attempt, response: UpstreamResponse) -> AsyncIterator[bytes]:
     """The backend's SSE bytes as they arrive. A client that leaves cancels this generator, which closes the
-    upstream response (the backend then aborts the request); usage is recorded when the stream ends either way."""
+    upstream response (the backend then aborts the request); usage is recorded when the stream ends either way.
+    Closing the upstream response never suspends, so a second cancellation cannot cut this short."""
     watch = UsageWatch()
     try:
         async for data in response.aiter_raw():
+            yield data  # written first: the usage watch reads it while the next piece is awaited
             watch.feed(data)
-            yield data
     except httpx.HTTPError as error:  # headers are sent: end with an error event, as vLLM's stream generators do
         emit("gateway.stream_broken", level="warning", backend=attempt.decision.role, error=type(error).__name__)
         yield b"data: " + error_body(502, f"the backend's stream broke ({type(error).__name__})") + b"\n\n"
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()
+        await response.aclose()
         _record_later(session, attempt, watch)

@@ -195,6 +195,9 @@ class UpstreamResponse:
 
     async def aread(self) -> bytes:
         """The whole body (:class:`httpx.RemoteProtocolError` past the client's ``max_answer_bytes``)."""
+        whole = self._connection.whole()
+        if whole is not None:  # it came with the headers (a short answer): no waiting, one join
+            return whole
         chunks, size, limit = [], 0, self._connection.client_limit
         async for chunk in self.aiter_raw():
             size += len(chunk)
@@ -271,6 +274,17 @@ class _Connection(asyncio.Protocol):
             raise
         finally:
             timer.cancel()
+
+    def whole(self) -> bytes | None:
+        """The whole body, when all of it is in and within the client's limit (the exchange is then finished);
+        else None, and nothing is taken."""
+        if not self._done or self._failure is not None or self._buffered > self.client_limit:
+            return None
+        body = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        self.finish()
+        return body
 
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body, None at its end."""

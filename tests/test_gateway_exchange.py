@@ -1,0 +1,211 @@
+"""The routed POSTs' plain-ASGI exchange (agentkv.gateway.exchange): body limits, replies, and a client's leaving
+at each point of the exchange, driven with an ASGI receive/send pair that behaves as uvicorn's does (after the
+body, ``receive`` waits until the client disconnects or the response is complete, then says "http.disconnect")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentkv.gateway.exchange import BodyTooLarge, ClientLeft, Reply, read_body, serve_exchange, write
+
+
+class Client:
+    """One connection's ASGI pair: the request's body messages, then a disconnect when told (or at the end)."""
+
+    def __init__(self, *bodies: bytes) -> None:
+        self.messages = [{"type": "http.request", "body": b, "more_body": i < len(bodies) - 1}
+                         for i, b in enumerate(bodies)]
+        self.sent: list[dict] = []
+        self.gone = asyncio.Event()
+        self.received = 0
+
+    async def receive(self) -> dict:
+        self.received += 1
+        if self.messages:
+            return self.messages.pop(0)
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            self.gone.set()  # uvicorn: once the response is complete, receive() says "http.disconnect"
+
+    def leave(self) -> None:
+        self.gone.set()
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+
+
+def scope(**headers: str) -> dict:
+    return {"headers": [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]}
+
+
+def test_a_body_arrives_whole_from_its_pieces():
+    client = Client(b'{"a"', b": 1}")
+    assert asyncio.run(read_body(scope(), client.receive, 100)) == b'{"a": 1}'
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_any_byte_is_read():
+    client = Client(b"x" * 10)
+    with pytest.raises(BodyTooLarge):
+        asyncio.run(read_body(scope(content_length="101"), client.receive, 100))
+    assert client.received == 0
+
+
+def test_a_chunked_body_is_cut_off_once_it_passes_the_limit():
+    client = Client(b"x" * 60, b"x" * 60, b"x" * 60)
+    with pytest.raises(BodyTooLarge):
+        asyncio.run(read_body(scope(), client.receive, 100))
+    assert client.received == 2  # the third piece is never read
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_noticed():
+    client = Client()
+    client.messages = [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
+    with pytest.raises(ClientLeft):
+        asyncio.run(read_body(scope(), client.receive, 100))
+
+
+def test_a_whole_reply_is_one_head_and_one_body_with_its_length():
+    client = Client()
+    asyncio.run(write(client.send, Reply(201, b'{"ok": true}', {"x-agentkv-route": "fits"})))
+    start, body = client.sent
+    assert start["status"] == 201
+    assert dict(start["headers"]) == {b"content-type": b"application/json", b"x-agentkv-route": b"fits",
+                                      b"content-length": b"12"}
+    assert body == {"type": "http.response.body", "body": b'{"ok": true}'}
+
+
+def test_an_answer_is_written_and_the_watcher_cancels_nothing_afterwards():
+    async def main():
+        client = Client(b"{}")
+        await read_body(scope(), client.receive, 100)
+
+        async def work():
+            await asyncio.sleep(0.01)
+            return Reply(200, b"{}")
+
+        reply = await serve_exchange(client.receive, client.send, work())
+        await asyncio.sleep(0.01)  # the response is complete: receive() now says "http.disconnect"
+        return reply, client
+
+    reply, client = asyncio.run(main())
+    assert reply is not None and reply.status == 200 and client.body == b"{}"
+
+
+def test_a_client_leaving_before_the_answer_cancels_the_work_and_nothing_is_written():
+    async def main():
+        client = Client(b"{}")
+        await read_body(scope(), client.receive, 100)
+        cancelled = asyncio.Event()
+
+        async def work():
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return Reply(200)
+
+        asyncio.get_running_loop().call_later(0.02, client.leave)
+        reply = await asyncio.wait_for(serve_exchange(client.receive, client.send, work()), 5)
+        return reply, cancelled.is_set(), client
+
+    reply, cancelled, client = asyncio.run(main())
+    assert reply is None and cancelled and client.sent == []
+
+
+def test_a_client_leaving_mid_stream_closes_the_stream():
+    async def main():
+        client = Client(b"{}")
+        await read_body(scope(), client.receive, 100)
+        closed = asyncio.Event()
+
+        async def chunks():
+            try:
+                yield b"data: 1\n\n"
+                client.leave()
+                await asyncio.sleep(30)  # the backend is still generating
+                yield b"data: 2\n\n"
+            finally:
+                closed.set()
+
+        async def work():
+            return Reply(200, content_type="text/event-stream", chunks=chunks())
+
+        reply = await asyncio.wait_for(serve_exchange(client.receive, client.send, work()), 5)
+        return reply, closed.is_set(), client
+
+    reply, closed, client = asyncio.run(main())
+    assert reply is None and closed
+    assert client.body == b"data: 1\n\n" and all(m.get("more_body") for m in client.sent[1:])
+
+
+def test_a_stream_ends_with_an_empty_last_body():
+    async def main():
+        client = Client(b"{}")
+
+        async def chunks():
+            yield b"data: 1\n\n"
+            yield b"data: [DONE]\n\n"
+
+        async def work():
+            return Reply(200, headers={"cache-control": "no-cache"}, content_type="text/event-stream",
+                         chunks=chunks())
+
+        await read_body(scope(), client.receive, 100)
+        await serve_exchange(client.receive, client.send, work())
+        return client
+
+    client = asyncio.run(main())
+    assert client.body == b"data: 1\n\ndata: [DONE]\n\n" and client.sent[-1] == {"type": "http.response.body",
+                                                                                  "body": b""}
+    assert (b"content-length", b"23") not in client.sent[0]["headers"]
+
+
+def test_the_reply_types_are_plain_json_errors():
+    from agentkv.gateway.relay import own_error
+
+    reply = own_error(413, "too big")
+    assert reply.status == 413 and reply.headers == {}
+    assert json.loads(reply.body)["error"] == {"message": "too big", "type": "invalid_request_error", "param": None,
+                                               "code": 413}
+
+
+def test_a_client_leaving_while_a_chunk_is_being_written_closes_the_stream():
+    """The client leaves while a write waits for it (a slow reader): the stream's generator, suspended at its
+    yield, is closed all the same (its upstream response closed)."""
+
+    async def main():
+        client = Client(b"{}")
+        await read_body(scope(), client.receive, 100)
+        closed = asyncio.Event()
+        sent = client.send
+
+        async def slow_send(message: dict) -> None:
+            await sent(message)
+            if message.get("more_body"):
+                client.leave()
+                await asyncio.sleep(30)  # uvicorn's send waits while the client reads nothing
+
+        async def chunks():
+            try:
+                yield b"data: 1\n\n"
+                yield b"data: 2\n\n"
+            finally:
+                closed.set()
+
+        async def work():
+            return Reply(200, content_type="text/event-stream", chunks=chunks())
+
+        reply = await asyncio.wait_for(serve_exchange(client.receive, slow_send, work()), 5)
+        return reply, closed.is_set(), client
+
+    reply, closed, client = asyncio.run(main())
+    assert reply is None and closed and client.body == b"data: 1\n\n"
