@@ -176,6 +176,16 @@ def relay_forever(target: str) -> None:
     asyncio.run(serve())
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) ticks of every CPU so far (``/proc/stat``; zeros elsewhere): the share a hypervisor gave
+    to other guests, which slows every side of a run alike and makes its figures noisy."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -221,13 +231,14 @@ def side_by_side(direct: str, model: str, gateway: Gateway, relay: Relay, reques
         for _ in range(20):  # warm the connections, the gateway's caches and the backend
             for url in sides.values():
                 measure(client, url, small_body(model, stream))
-        cpu = gateway.cpu_s()
+        cpu, ticks = gateway.cpu_s(), cpu_ticks()
         order = list(sides)
         for _ in range(requests):
             order = order[1:] + order[:1]  # each side follows each other side as often
             for name in order:
                 times[name].append(measure(client, sides[name], small_body(model, stream)))
         cpu = (gateway.cpu_s() - cpu) / requests
+        steal, total = (after - before for after, before in zip(cpu_ticks(), ticks))
     ms = {f"{name}_p{int(q * 100)}": quantile(values, q) * 1000 for name, values in times.items() for q in (0.5, 0.99)}
     for name in ("relay", "gateway"):
         ms[f"{name}_added_p50"] = ms[f"{name}_p50"] - ms["direct_p50"]
@@ -235,6 +246,7 @@ def side_by_side(direct: str, model: str, gateway: Gateway, relay: Relay, reques
         ms[f"{name}_paired"] = statistics.median(g - d for g, d in zip(times[name], times["direct"])) * 1000
     ms["over_relay"] = statistics.median(g - r for g, r in zip(times["gateway"], times["relay"])) * 1000
     ms["gateway_cpu"] = cpu * 1000
+    ms["steal_percent"] = 100 * steal / total if total else 0.0
     return ms
 
 
@@ -279,7 +291,7 @@ def report(title: str, ms: dict[str, float]) -> None:
               f"{ms[f'{name}_added_p50']:5.2f} ms, p99 {ms[f'{name}_added_p99']:5.2f} ms "
               f"(median paired difference {ms[f'{name}_paired']:.2f} ms)")
     print(f"    the gateway over the byte relay: median paired difference {ms['over_relay']:.2f} ms; "
-          f"gateway process CPU per request {ms['gateway_cpu']:.2f} ms")
+          f"gateway process CPU per request {ms['gateway_cpu']:.2f} ms; host steal {ms['steal_percent']:.1f}%")
 
 
 def bench_backend(label: str, fast: str, fast_model: str, slow: str, slow_model: str, args: argparse.Namespace,
