@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -148,8 +149,8 @@ class WindowDiscovery:
         if info is None and (_needs_server(backend, model_known) or self._is_contested(backend)):
             info = await self.aserver_info(backend)
         needed = _needs_catalog(backend, info, model_known)
-        catalog = (await asyncio.to_thread(_catalog, backend) if backend.is_cloud else _catalog(backend)) \
-            if needed else None
+        # on a worker thread: litellm's import, or a lookup (milliseconds) once it is loaded; nothing otherwise
+        catalog = await asyncio.to_thread(_catalog, backend) if needed and _catalog_open(backend) else None
         return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     def recent(self, backend: Backend, *, model_known: bool = True, max_age_s: float = 1.0) -> WindowInfo | None:
@@ -407,6 +408,12 @@ def _catalog(backend: Backend) -> int | None:
     one asks the catalog when its server cannot say (it is down), on the request's path, so it reads the
     catalog only if litellm is loaded already (a model the caller registered with ``litellm.register_model``)."""
     return catalog_window(backend.model, may_import=backend.is_cloud)
+
+
+def _catalog_open(backend: Backend) -> bool:
+    """Whether :func:`_catalog` can answer anything: a cloud backend's always, a self-hosted one's with litellm
+    loaded."""
+    return backend.is_cloud or "litellm" in sys.modules
 
 
 def _needs_catalog(backend: Backend, info: ServerInfo | None, model_known: bool) -> bool:

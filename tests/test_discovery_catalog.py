@@ -43,10 +43,12 @@ def test_a_self_hosted_model_registered_with_litellm_is_read_from_its_catalog_wh
         litellm.register_model({{"hosted_vllm/my-model": {{"max_input_tokens": 12345, "max_tokens": 100,
                                 "litellm_provider": "hosted_vllm", "mode": "chat"}}}})
         down = Backend("hosted_vllm/my-model", api_base="http://127.0.0.1:{closed_port()}/v1", name="down")
+        import asyncio
         info = WindowDiscovery(timeout_s=2).window(down)
-        print(info.window, info.source)
+        later = asyncio.run(WindowDiscovery(timeout_s=2).awindow(down))  # looked up on a worker thread
+        print(info.window, info.source, later.window, later.source)
     """)
-    assert out == "12345 catalog"
+    assert out == "12345 catalog 12345 catalog"
 
 
 def test_a_cloud_backend_imports_litellm_for_its_catalog_window():

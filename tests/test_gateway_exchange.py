@@ -209,3 +209,59 @@ def test_a_client_leaving_while_a_chunk_is_being_written_closes_the_stream():
 
     reply, closed, client = asyncio.run(main())
     assert reply is None and closed and client.body == b"data: 1\n\n"
+
+
+def test_a_client_leaving_before_a_stream_begins_still_finishes_it():
+    """The client leaves while the head waits to be written (uvicorn's send waits while writing is paused): the
+    stream's generator never started, and the reply's finish (closing upstream, recording usage) runs all the
+    same."""
+
+    async def main():
+        client = Client(b"{}")
+        await read_body(scope(), client.receive, 100)
+        finished = []
+
+        async def stalled_send(message: dict) -> None:
+            client.leave()
+            await asyncio.sleep(30)
+
+        async def chunks():
+            yield b"data: 1\n\n"
+
+        async def work():
+            return Reply(200, content_type="text/event-stream", chunks=chunks(), finish=lambda: finished.append(1))
+
+        reply = await asyncio.wait_for(serve_exchange(client.receive, stalled_send, work()), 5)
+        return reply, finished
+
+    reply, finished = asyncio.run(main())
+    assert reply is None and finished == [1]
+
+
+def test_a_finished_stream_is_finished_once():
+    async def main():
+        client = Client(b"{}")
+        finished = []
+
+        async def chunks():
+            yield b"data: 1\n\n"
+
+        await read_body(scope(), client.receive, 100)
+        await serve_exchange(client.receive, client.send, _reply(chunks(), finished))
+        return finished
+
+    assert asyncio.run(main()) == [1]
+
+
+async def _reply(chunks, finished):
+    return Reply(200, content_type="text/event-stream", chunks=chunks, finish=lambda: finished.append(1))
+
+
+def test_the_routed_posts_are_found_under_a_root_path():
+    """Mounted under a root path (uvicorn --root-path, or a proxy's prefix), the routed POSTs are matched on the
+    path below it, as Starlette's router matches the other routes."""
+    from agentkv.gateway.app import _route_path
+
+    assert _route_path({"path": "/llm/v1/chat/completions", "root_path": "/llm"}) == "/v1/chat/completions"
+    assert _route_path({"path": "/v1/completions", "root_path": ""}) == "/v1/completions"
+    assert _route_path({"path": "/v1/completions"}) == "/v1/completions"

@@ -181,6 +181,20 @@ async def test_an_answer_over_the_cap_is_refused_and_a_stream_is_not_buffered_wh
         await response.aclose()
 
 
+async def test_an_answer_that_paused_reading_as_it_ended_leaves_a_connection_that_reads_again():
+    """An answer just over the high-water mark, all in at once: reading paused on its last bytes, and the kept
+    connection it goes back to reads the next answer (a short one) at once."""
+    answers = {1: json_answer(b"x" * (HIGH_WATER + 1000)), 2: json_answer(b'{"n": 2}')}
+    async with Scripted(lambda n, r: answers[n]) as server:
+        upstream = Upstream(read_timeout_s=3)
+        response = await upstream.post(server.url, b"{}")
+        await asyncio.sleep(0.1)  # the whole answer is in before it is read
+        assert len(await response.aread()) == HIGH_WATER + 1000
+        response = await asyncio.wait_for(upstream.post(server.url, b"{}"), 2)
+        assert json.loads(await response.aread()) == {"n": 2} and upstream.opened == 1
+        await upstream.aclose()
+
+
 async def test_closing_a_response_early_closes_its_connection():
     """A client that leaves mid-stream: the response is closed before its end, so the backend sees the close."""
     head = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n", "hang"]

@@ -62,11 +62,19 @@ class GatewayApp:
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            chat = ROUTED.get(scope["path"])
+            chat = ROUTED.get(_route_path(scope))
             if chat is not None:
                 await _routed(scope, receive, send, self.routes.state.ctx, chat=chat)
                 return
         await self.routes(scope, receive, send)
+
+
+def _route_path(scope: MutableMapping[str, Any]) -> str:
+    """The path a route matches: the request's, less the ``root_path`` it is mounted under (ASGI servers put
+    the root path in ``path`` too, as Starlette's router expects)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
 
 
 def request_problem(body: Any, *, chat: bool) -> str | None:
@@ -141,7 +149,7 @@ async def _routed(scope: Mapping[str, Any], receive: Receive, send: Send, ctx: G
     reply = await serve_exchange(receive, send, _answer(ctx, ctx.session(tenant, conversation), body))
     if reply is None:
         emit("gateway.client_disconnected", path=scope["path"])
-    asyncio.get_running_loop().call_soon(  # logged once the answer is on its way
+    asyncio.get_running_loop().call_soon(  # logged once the answer is written (a stream's to its end)
         _log_request, tenant, conversation, len(raw), reply, bool(body.get("stream")),
         (time.perf_counter() - started) * 1000)
 

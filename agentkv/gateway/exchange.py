@@ -35,13 +35,16 @@ class ClientLeft(Exception):
 
 @dataclass(slots=True)
 class Reply:
-    """An answer: its status, its headers, and its body whole (``body``) or as it comes (``chunks``)."""
+    """An answer: its status, its headers, and its body whole (``body``) or as it comes (``chunks``, an async
+    generator). ``finish`` is called once the reply is done with, however it ended: written, cut short by the
+    client's leaving, or never begun (a generator never started runs none of its own cleanup)."""
 
     status: int
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)
     content_type: str = JSON
     chunks: AsyncIterator[bytes] | None = None
+    finish: Callable[[], None] | None = None
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str | None:
@@ -73,23 +76,27 @@ async def read_body(scope: Mapping[str, Any], receive: Receive, limit: int) -> b
 
 
 async def write(send: Send, reply: Reply) -> None:
-    """Send ``reply``: its head, then its body whole or chunk by chunk (a stream's generator is closed at the
-    end, or when the client's leaving cancels this)."""
-    headers = [(b"content-type", reply.content_type.encode("latin-1"))]
-    headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()]
-    if reply.chunks is None:
-        headers.append((b"content-length", b"%d" % len(reply.body)))
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
-        return
-    chunks = reply.chunks
+    """Send ``reply``: its head, then its body whole or piece by piece; then close its generator and call its
+    ``finish``, also when the client's leaving cancels this at any point."""
     try:
+        headers = [(b"content-type", reply.content_type.encode("latin-1"))]
+        headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in reply.headers.items()]
+        if reply.chunks is None:
+            headers.append((b"content-length", b"%d" % len(reply.body)))
+            await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+            await send({"type": "http.response.body", "body": reply.body})
+            return
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        async for chunk in chunks:
+        async for chunk in reply.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
     finally:
-        await chunks.aclose()  # type: ignore[attr-defined]  # an async generator's
+        try:
+            if reply.chunks is not None:
+                await reply.chunks.aclose()  # type: ignore[attr-defined]  # an async generator's
+        finally:
+            if reply.finish is not None:
+                reply.finish()
 
 
 async def serve_exchange(receive: Receive, send: Send, work: Awaitable[Reply]) -> Reply | None:

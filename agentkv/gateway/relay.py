@@ -183,22 +183,23 @@ def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) 
 
 def _streamed(session: Session, attempt: Attempt, response: UpstreamResponse) -> Reply:
     headers = {**route_headers(attempt.decision), "cache-control": "no-cache"}
-    return Reply(response.status_code, headers=headers, content_type=response.headers.get("content-type",
-                 "text/event-stream"), chunks=_passed_through(session, attempt, response))
-
-
-async def _passed_through(session: Session, attempt: Attempt, response: UpstreamResponse) -> AsyncIterator[bytes]:
-    """The backend's SSE bytes as they arrive. A client that leaves cancels this generator, which closes the
-    upstream response (the backend then aborts the request); usage is recorded when the stream ends either way.
-    Closing the upstream response never suspends, so a second cancellation cannot cut this short."""
     watch = UsageWatch()
+
+    def finish() -> None:  # the stream is over (ended, cut, or never begun): close upstream, record the usage seen
+        response.close()
+        _record_later(session, attempt, watch)
+
+    return Reply(response.status_code, headers=headers, content_type=response.headers.get(
+        "content-type", "text/event-stream"), chunks=_passed_through(attempt, response, watch), finish=finish)
+
+
+async def _passed_through(attempt: Attempt, response: UpstreamResponse, watch: UsageWatch) -> AsyncIterator[bytes]:
+    """The backend's SSE bytes as they arrive, each read by ``watch`` for the usage first. A client that leaves
+    cancels the writer, which closes this generator and the upstream response (the backend then aborts)."""
     try:
         async for data in response.aiter_raw():
-            yield data  # written first: the usage watch reads it while the next piece is awaited
             watch.feed(data)
+            yield data
     except httpx.HTTPError as error:  # headers are sent: end with an error event, as vLLM's stream generators do
         emit("gateway.stream_broken", level="warning", backend=attempt.decision.role, error=type(error).__name__)
         yield b"data: " + error_body(502, f"the backend's stream broke ({type(error).__name__})") + b"\n\n"
-    finally:
-        await response.aclose()
-        _record_later(session, attempt, watch)

@@ -209,6 +209,10 @@ class UpstreamResponse:
 
     async def aclose(self) -> None:
         """Done with the answer: a body not read to its end closes the connection (the backend aborts)."""
+        self.close()
+
+    def close(self) -> None:
+        """:meth:`aclose`, which never waits, for callers that cannot."""
         self._connection.finish()
 
 
@@ -283,6 +287,9 @@ class _Connection(asyncio.Protocol):
         body = b"".join(self._chunks)
         self._chunks.clear()
         self._buffered = 0
+        if self._paused and self.transport is not None:  # the read that paused it ended the answer
+            self._paused = False
+            self.transport.resume_reading()
         self.finish()
         return body
 
