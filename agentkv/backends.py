@@ -11,8 +11,6 @@ Usage::
 
 from __future__ import annotations
 
-import sys
-
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -160,18 +158,15 @@ def parse_models_response(payload: Any, served_model: str) -> ServerInfo:
     return ServerInfo(None, ids, False)
 
 
-def catalog_window(model: str, *, may_import: bool = True) -> int | None:
+def catalog_window(model: str) -> int | None:
     """litellm's ``max_input_tokens`` for ``model`` (not ``max_tokens``, the output cap), or None.
 
-    Imports litellm (seconds, the first time; the async path calls it on a worker thread) unless
-    ``may_import=False``, which reads the catalog only when litellm is loaded already (None otherwise). Found
+    Imports litellm (seconds, the first time): the async path calls it on a worker thread. Found
     windows are remembered; misses are asked again, so a later ``litellm.register_model`` counts.
     """
     found: dict[str, int] = shared("catalog_windows", dict)
     if model in found:
         return found[model]
-    if not may_import and "litellm" not in sys.modules:
-        return None
     from agentkv._env import import_litellm
 
     try:

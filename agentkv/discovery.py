@@ -139,7 +139,8 @@ class WindowDiscovery:
         shared = self._read_shared(backend, model_known)
         needed = _needs_server(backend, model_known) or self._is_contested(backend)
         info = _shared_info(shared) or (self.server_info(backend) if needed else None)
-        catalog = _catalog(backend) if _needs_catalog(backend, info, model_known) else None
+        needed = _needs_catalog(backend, info, model_known) and _catalog_open(backend)
+        catalog = catalog_window(backend.model) if needed else None
         return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     async def awindow(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
@@ -148,9 +149,9 @@ class WindowDiscovery:
         info = _shared_info(shared)
         if info is None and (_needs_server(backend, model_known) or self._is_contested(backend)):
             info = await self.aserver_info(backend)
-        needed = _needs_catalog(backend, info, model_known)
-        # on a worker thread: litellm's import, or a lookup (milliseconds) once it is loaded; nothing otherwise
-        catalog = await asyncio.to_thread(_catalog, backend) if needed and _catalog_open(backend) else None
+        needed = _needs_catalog(backend, info, model_known) and _catalog_open(backend)
+        # on a worker thread: litellm's import, or a lookup (milliseconds) once it is loaded
+        catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
         return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     def recent(self, backend: Backend, *, model_known: bool = True, max_age_s: float = 1.0) -> WindowInfo | None:
@@ -403,16 +404,11 @@ def _needs_server(backend: Backend, model_known: bool) -> bool:
     return backend.api_base is not None and (backend.window is None or model_known)
 
 
-def _catalog(backend: Backend) -> int | None:
-    """litellm's catalog window for ``backend``'s model. Only a cloud backend imports litellm for it: a self-hosted
-    one asks the catalog when its server cannot say (it is down), on the request's path, so it reads the
-    catalog only if litellm is loaded already (a model the caller registered with ``litellm.register_model``)."""
-    return catalog_window(backend.model, may_import=backend.is_cloud)
-
-
 def _catalog_open(backend: Backend) -> bool:
-    """Whether :func:`_catalog` can answer anything: a cloud backend's always, a self-hosted one's with litellm
-    loaded."""
+    """Whether litellm's catalog may be asked for ``backend``'s window. A cloud backend's always (its requests
+    need litellm anyway); a self-hosted one asks only when its server cannot say (it is down), on the request's
+    path, so only with litellm loaded already (a model the caller registered with ``litellm.register_model``):
+    its import takes seconds."""
     return backend.is_cloud or "litellm" in sys.modules
 
 

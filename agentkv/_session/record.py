@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
 from agentkv._session.responses import StreamWatcher, Usage, response_usage
-from agentkv.errors import ConfigurationError
+from agentkv.errors import check_positive_int
 from agentkv.events import emit
 from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats
@@ -27,8 +27,8 @@ class Recorder:
     request."""
 
     def __init__(self, stats: SessionStats, *, rows: int | None = None) -> None:
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-            raise ConfigurationError(f"ledger_rows must be a positive int or None, got {rows!r}")
+        if rows is not None:
+            check_positive_int("Session", "ledger_rows", rows)
         self.stats = stats
         self.ledger: list[LedgerEntry] = []
         self.previous_role: Role | None = None

@@ -4,8 +4,8 @@ The two routed endpoints are the gateway's hot path, so they skip Starlette's ro
 ``Response`` objects (about 0.1 ms a request on a 2-core machine) and speak ASGI here; every other route stays
 a Starlette route (:mod:`agentkv.gateway.app`).
 
-    reply = await until_disconnected(receive, relay(ctx, session, body))    # None: the client left first
-    await write(send, reply)
+    raw = await read_body(scope, receive, limit)                            # BodyTooLarge, ClientLeft
+    reply = await serve_exchange(receive, send, relay(ctx, session, body))  # written; None: the client left
 
 A client that disconnects at any point of the exchange, a stream's middle included, cancels the task that
 serves it: the upstream request is then closed, and the backend aborts it.
