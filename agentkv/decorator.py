@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from agentkv.errors import AgentKVError, ConfigurationError
-from agentkv._session.driver import Session
+from agentkv._session import Session
 
 F = TypeVar("F", bound=Callable[..., Any])
 

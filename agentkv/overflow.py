@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+__all__ = ["MAX_NUMBER_CHARS", "SCAN_LIMIT", "Overflow", "error_text", "overflow_from_error", "parse_overflow", "scanned"]
+
 SCAN_LIMIT = 65_536
 """Characters of error text the parser reads: the first and last half of a longer text."""
 MAX_NUMBER_CHARS = 18

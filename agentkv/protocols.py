@@ -6,15 +6,35 @@ user) can hand them a fake without subclassing anything.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agentkv._session.attempts import Observation
     from agentkv.backends import Backend
     from agentkv.routing import RouteDecision
     from agentkv.stats import LedgerEntry
+    from agentkv.tokens import TokenCount
 
-__all__ = ["CompletionClient", "SessionLike"]
+__all__ = ["CompletionClient", "Observation", "SessionLike"]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A request accounted by :meth:`Session.observe`: its ledger turn, its count, the route agentkv
+    would have chosen (``fits`` is False when the fast backend cannot take it as it is), and the fast
+    (``window``) and slow (``slow_window``) windows it was decided with."""
+
+    turn: int
+    count: TokenCount
+    decision: RouteDecision | None
+    window: int | None
+    warm: str
+    slow_window: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        """True when the fast backend can take the request as sent (a declined reroute has a note)."""
+        return self.decision is not None and self.decision.reason == "fits" and not self.decision.note
 
 
 @runtime_checkable

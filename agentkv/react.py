@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from agentkv._session.responses import read_field
+from agentkv.wire.usage import read_field
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 from agentkv.protocols import SessionLike

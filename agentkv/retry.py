@@ -146,6 +146,8 @@ class TurnTries:
     down: set[str] = field(default_factory=set)
     refused: set[str] = field(default_factory=set)
     streamed: bool = False
+    recoveries: int = 0  # overflows this turn recovered from (clamped or escalated)
+    failovers: int = 0  # outages this turn failed over from
 
     def left(self, role: str, attempts: int) -> int:
         """Tries ``role`` may still have this turn."""

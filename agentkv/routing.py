@@ -17,6 +17,10 @@ from typing import Literal
 from agentkv.errors import ContextOverflowError, check_positive_int
 from agentkv.overflow import Overflow
 
+__all__ = ["Recovery", "Role", "RouteDecision", "RoutePolicy", "Target", "after_recovery", "as_sent", "check_fits_slow",
+           "decide_route", "escalate", "failover", "interval_decides", "is_escalation", "no_slow_target", "plan_recovery",
+           "slow_budget", "slow_target"]
+
 Reason = Literal["fits", "proactive", "clamped", "reactive_clamp", "reactive_escalate", "observed", "failover"]
 Role = Literal["fast", "slow"]
 

@@ -13,6 +13,10 @@ from typing import Any, Mapping
 
 from agentkv.errors import ConfigurationError
 
+__all__ = ["CACHE_SALT_FORBIDDEN", "CACHE_SALT_MAX_CHARS", "SALT_PLACES", "cache_salt_problem", "caller_salts",
+           "derive_cache_salt", "keeps_caller_salt", "resolve_cache_salt", "salts_for_tenant", "screen_caller_salts",
+           "tenant_for_salt", "with_body_salt", "with_cache_salt"]
+
 
 def derive_cache_salt(secret: str | bytes, tenant: str) -> str:
     """The tenant's salt: hex HMAC-SHA256 of the tenant id under ``secret``."""

@@ -91,7 +91,7 @@ def main() -> int:
     args = parse_args(__doc__.splitlines()[0])
     quiet_logs()
     os.environ["AGENTKV_WARM_AHEAD"] = "0"  # no warm-ahead: the escalation is cold
-    from agentkv._session.escalation import Handoff
+    from agentkv import Handoff
     from agentkv.handoff import DEFAULT_MIN_ATTENTION_COSINE, choose_handoff
     from agentkv.handoff.calibrated import ensure_calibrated
     from agentkv.handoff.served import MapperSummary

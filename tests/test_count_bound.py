@@ -250,7 +250,7 @@ def test_a_silent_server_clamp_is_recorded_and_the_real_window_read_again():
 
 async def test_a_server_clamp_reported_at_the_end_of_a_stream_is_recorded_too():
     """A streamed answer reports its finish reason in one chunk and its usage in a later one: the clamp is seen."""
-    from agentkv._session.responses import StreamWatcher
+    from agentkv.wire.usage import StreamWatcher
 
     fake = FakeVLLM(ratio=1.0)
 
@@ -289,14 +289,14 @@ class StreamWatcherSource:
 ])
 def test_server_clamped_reads_a_cut_budget_only(usage, sent, clamped):
     """Only "length" with fewer completion tokens than the budget sent is a server clamp."""
-    from agentkv._session.responses import Usage, server_clamped
+    from agentkv.wire.usage import Usage, server_clamped
 
     assert server_clamped(Usage(*usage), sent) is clamped
 
 
 def test_response_usage_reads_dicts_and_objects():
     """Prompt, completion and cached tokens and the first finish reason, from a dict or an attribute object."""
-    from agentkv._session.responses import Usage, response_usage
+    from agentkv.wire.usage import Usage, response_usage
 
     class Obj:
         def __init__(self, **kw):

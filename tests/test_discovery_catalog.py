@@ -23,15 +23,14 @@ def run(code: str) -> str:
 
 def test_a_self_hosted_backend_that_is_down_does_not_import_litellm_for_its_window():
     out = run(f"""
-        import asyncio, sys, time
+        import asyncio, sys
         from agentkv import Backend, WindowDiscovery
         down = Backend("hosted_vllm/gpt-4o", api_base="http://127.0.0.1:{closed_port()}/v1", name="down")
-        start = time.perf_counter()
         sync = WindowDiscovery(timeout_s=2).window(down)
         info = asyncio.run(WindowDiscovery(timeout_s=2).awindow(down))
-        print(sync.window, info.window, info.source, "litellm" in sys.modules, time.perf_counter() - start < 2)
+        print(sync.window, info.window, info.source, "litellm" in sys.modules)
     """)
-    assert out == "None None unknown False True"
+    assert out == "None None unknown False"
 
 
 def test_a_self_hosted_model_registered_with_litellm_is_read_from_its_catalog_when_the_server_is_down():

@@ -676,7 +676,7 @@ def test_the_usage_watch_holds_a_bounded_line_in_linear_time():
     usage line after it is still read."""
     import tracemalloc
 
-    from agentkv.integrations.openai import UsageWatch
+    from agentkv.wire.openai import UsageWatch
 
     watch, piece = UsageWatch(), b"x" * 65536
     tracemalloc.start()

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agentkv import Backend, Session, WindowDiscovery
-from agentkv._session.escalation import Handoff
+from agentkv import Handoff
 from agentkv.errors import ConfigurationError
 from agentkv.handoff.served import MapperSummary, cold_reason
 from agentkv.testing import FakeHttp, capture_events, models_answer

@@ -7,7 +7,8 @@ import openai
 
 from agentkv import Backend, Session
 from agentkv.demo.script import TOOLS, ScriptedAgent
-from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport, UsageWatch
+from agentkv.integrations.openai import AgentKVTransport, AsyncAgentKVTransport
+from agentkv.wire.openai import UsageWatch
 from agent_checks import check_escalation
 from conftest import chat_requests
 

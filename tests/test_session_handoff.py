@@ -9,7 +9,7 @@ from agentkv.local.engine import LocalEngine
 from agentkv.local.engine.models import build_model
 from agentkv.local.server import LocalServer, engine_at
 from agentkv.demo.script import TOOLS, ScriptedAgent
-from agentkv._session.escalation import Handoff
+from agentkv import Handoff
 from agentkv.warm import CooldownMap
 
 

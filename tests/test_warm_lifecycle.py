@@ -3,11 +3,10 @@
 import subprocess
 import sys
 import textwrap
-import time
 
 SCRIPT = textwrap.dedent('''
     import socket
-    from agentkv import Backend, RoutePolicy, Session, WindowDiscovery
+    from agentkv import Backend, RoutePolicy, Session, WarmAheadPolicy, WindowDiscovery
     from agentkv.testing import FakeHttp, models_answer
 
     hole = socket.socket(); hole.bind(("127.0.0.1", 0)); hole.listen(8)   # accepts, never answers
@@ -24,7 +23,7 @@ SCRIPT = textwrap.dedent('''
 
     fast = Backend("hosted_vllm/small", api_base="http://127.0.0.1:9/v1", name="fast", window=400)
     s = Session(fast, slow, discovery=discovery, client=Answers(), count_with_server=False,
-                routing=RoutePolicy(output_floor=16, min_output=16))
+                routing=RoutePolicy(output_floor=16, min_output=16), warm_ahead=WarmAheadPolicy(timeout_s=3600))
     s.completion(messages=[{"role": "user", "content": "word " * 250}], max_tokens=4)
     assert s.last_route.backend == "fast", s.last_route
     assert s.stats()["warm_fired"] == 1, s.stats()
@@ -36,11 +35,10 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_exit_does_not_wait_for_a_stuck_warm():
-    """The interpreter exits promptly after close while a warm hangs on a silent socket."""
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60,
+    """The interpreter exits after close while a warm hangs on a silent socket: the warm's timeout is an hour, and
+    the process is given two minutes (litellm's import is most of what it needs), so an exit that waited for the
+    warm would not end at all."""
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120,
                           env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "PATH": "/usr/bin:/bin"})
-    elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-2000:]
     assert "closed" in done.stdout
-    assert elapsed < 25, elapsed  # litellm's import is most of it; the warm's 30 s timeout is not waited for

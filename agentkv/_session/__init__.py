@@ -7,10 +7,13 @@
 - :mod:`.attempts`: one try at sending (:class:`Attempt`), :class:`Observation`, the request builders;
 - :mod:`.responses`: cached tokens from responses and streams;
 - :mod:`.record`: stats, ledger and the role of the last answered request;
-- :mod:`.escalation`: KV handoff and the warm-prefix check at the move to slow.
+- :mod:`.decide`: the one decision of what a turn does next; :mod:`.drive`: the loop every entry point runs it in;
+- :mod:`.warm_prefix`: the warm-prefix check at the move to slow (the KV handoff is :class:`agentkv.Handoff`).
 """
 
-from agentkv._session.attempts import Observation
+from agentkv._session.attempts import Attempt
+from agentkv._session.drive import TurnEnd
 from agentkv._session.driver import Session
+from agentkv.protocols import Observation
 
-__all__ = ["Observation", "Session"]
+__all__ = ["Attempt", "Observation", "Session", "TurnEnd"]

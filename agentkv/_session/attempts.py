@@ -23,8 +23,6 @@ PROMPT_KEYS = ("messages", "tools", "tool_choice", "functions", "chat_template",
                "add_generation_prompt", "continue_final_message", "documents", "reasoning_effort", "extra_body",
                "cache_salt")
 _ADDRESS_KEYS = ("model", "api_base", "base_url", "api_key")
-# What an observer (a LangChain callback, a litellm logger) passes to ``Session.observe`` besides messages.
-OBSERVED_KEYS = ("tools", "tool_choice", "max_tokens", "max_completion_tokens")
 
 
 @dataclass
@@ -40,6 +38,7 @@ class Attempt:
     reactive_clamped: bool = False
     warm: str = ""
     handed_off: bool = False
+    handoff_export: str | None = None  # the KV export this request names (a vLLM handoff), counted at its answer
     failed_over: bool = False
     timeout_s: float | None = None
     raw: bool = False  # ``kwargs`` is a raw OpenAI request body (the httpx transport), sent as it is
@@ -65,25 +64,6 @@ class Attempt:
         if self.timeout_s is not None and call.get("timeout") is None:
             call["timeout"] = self.timeout_s
         return call
-
-
-@dataclass(frozen=True)
-class Observation:
-    """A request accounted by :meth:`Session.observe`: its ledger turn, its count, the route agentkv
-    would have chosen (``fits`` is False when the fast backend cannot take it as it is), and the fast
-    (``window``) and slow (``slow_window``) windows it was decided with."""
-
-    turn: int
-    count: TokenCount
-    decision: RouteDecision | None
-    window: int | None
-    warm: str
-    slow_window: int | None = None
-
-    @property
-    def fits(self) -> bool:
-        """True when the fast backend can take the request as sent (a declined reroute has a note)."""
-        return self.decision is not None and self.decision.reason == "fits" and not self.decision.note
 
 
 def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None,

@@ -15,15 +15,17 @@ from agentkv._http import HttpTransport, default_http
 from agentkv._session.attempts import (
     Attempt, LitellmSends, raw_warm_target, warm_body, warm_kwargs,
 )
-from agentkv._session.escalation import Handoff, schedule_warm_prefix_check
+from agentkv._session.decide import Action, Outcome, next_action
+from agentkv._session.warm_prefix import schedule_warm_prefix_check
 from agentkv._session.inputs import Facts, check_backends, check_timeout, max_tokens_of, request_payload, to_facts
 from agentkv._session.prediction import Prediction, schedule_prediction
 from agentkv._session.record import Recorder
-from agentkv._session.responses import Usage, server_clamped
+from agentkv.wire.usage import Usage, server_clamped
 from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery, discovery_for
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
+from agentkv.handoff.escalation import Handoff
 from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy, decide_route, interval_decides, is_escalation
@@ -210,7 +212,7 @@ class SessionCore:
     # ----------------------------------------------------------------- at and after the answer
 
     def _finish(self, attempt: Attempt, response: Any, *, asynchronous: bool) -> Any:
-        self.handoff.answered(response, self._stats)  # what slow loaded for an import the request named
+        self.handoff.answered(attempt.handoff_export, response, self._stats)  # what slow loaded for the import named
         escalation = is_escalation(self._record.previous_role, attempt.decision)
         warmed = self._warm.warmed
         prediction = self._predict(attempt, asynchronous)
@@ -251,9 +253,11 @@ class SessionCore:
         schedule_warm_prefix_check(self._jobs, self._counter(attempt.backend), warmed, attempt.payload, self._stats,
                                    self.session_id, asynchronous=asynchronous)
 
-    def _needs_handoff(self, attempt: Attempt) -> bool:
-        return self.handoff.active and not attempt.handed_off \
-            and is_escalation(self._record.previous_role, attempt.decision)
+    def _next_action(self, attempt: Attempt, outcome: Outcome | None) -> Action:
+        """What ``attempt``'s turn does next (:func:`~agentkv._session.decide.next_action` over this Session's state)."""
+        return next_action(attempt.decision, outcome, handed_off=attempt.handed_off, handoff_active=self.handoff.active,
+                           previous_role=self._record.previous_role, has_slow=self.slow is not None, retry=self.retry,
+                           streamed=attempt.turn.streamed)
 
     def _handoff(self, attempt: Attempt) -> None:
         if self.slow is None:

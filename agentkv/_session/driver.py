@@ -13,25 +13,20 @@ the async driver awaits every one), ask the pure core for a decision (:mod:`agen
 
 from __future__ import annotations
 
-import asyncio
-import functools
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from agentkv._session.attempts import Attempt
 from agentkv._session.core import DEFAULT_REQUEST_TIMEOUT_S
+from agentkv._session.drive import TurnEnd, arun, run
 from agentkv._session.external import SendsOutside
-from agentkv._session.escalation import prefix_report
-from agentkv.overflow import overflow_from_error
+from agentkv._session.warm_prefix import prefix_report
 from agentkv.prefix import PrefixReport
 from agentkv.retry import CLIENT_RETRIES_OFF
 from agentkv.stats import LedgerEntry
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "Session"]
 
 T = TypeVar("T")
-
-__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "Session"]
 
 
 class Session(SendsOutside):
@@ -94,22 +89,10 @@ class Session(SendsOutside):
         payload = self._open_request(kwargs)
         facts = self._facts()
         attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
-        attempt.turn.streamed = bool(kwargs.get("stream"))
         self._maybe_warm(attempt, facts, asynchronous=False)
-        while True:
-            if self._needs_handoff(attempt):
-                self._handoff(attempt)
-            send = functools.partial(self.client.completion, **self._client_call(attempt))
-            try:
-                response = self.retry.call(self._tried(attempt, send), attempts=self._tries_left(attempt))
-            except Exception as error:
-                overflow = overflow_from_error(error)
-                if overflow is None:
-                    attempt = self._fail_over(attempt, error, facts)
-                    continue
-                attempt = self._recover(attempt, error, overflow, self._recount(attempt), self._facts())
-                continue
-            return self._finish(attempt, response, asynchronous=False)
+        ended = run(self, attempt, lambda a: self.client.completion(**self._client_call(a)),
+                    streamed=bool(kwargs.get("stream")))
+        return self._finish(ended.attempt, ended.result(), asynchronous=False)
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
@@ -117,38 +100,31 @@ class Session(SendsOutside):
         payload = self._open_request(kwargs)
         facts = await self._afacts()
         attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
-        attempt.turn.streamed = bool(kwargs.get("stream"))
         await self._amaybe_warm(attempt, facts)
-        while True:
-            if self._needs_handoff(attempt):
-                await asyncio.to_thread(self._handoff, attempt)  # torch work, off the event loop
-            send = functools.partial(self.client.acompletion, **self._client_call(attempt))
-            try:
-                response = await self.retry.acall(self._tried(attempt, send), attempts=self._tries_left(attempt))
-            except Exception as error:
-                overflow = overflow_from_error(error)
-                if overflow is None:
-                    attempt = self._fail_over(attempt, error, facts)
-                    continue
-                attempt = self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
-                continue
-            return self._finish(attempt, response, asynchronous=True)
+        ended = await arun(self, attempt, lambda a: self.client.acompletion(**self._client_call(a)),
+                           streamed=bool(kwargs.get("stream")))
+        return self._finish(ended.attempt, ended.result(), asynchronous=True)
+
+    def turn(self, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool = False) -> TurnEnd[T]:
+        """Carry a prepared ``attempt`` (:meth:`prepare`) to the end of its turn, ``send(attempt)`` making each try.
+
+        For senders outside litellm (the OpenAI transport, the gateway): the Session decides every next step
+        (:func:`~agentkv._session.decide.next_action`) and this carries it out, as :meth:`completion` does: tries under
+        the :class:`RetryPolicy`, the KV handoff at the escalation, an overflow clamped or escalated and an outage
+        failed over on fresh window facts. ``send`` raises what went wrong (an error answer as an exception with
+        ``status_code``); ``streamed``: the caller asked for a stream. Hand the :class:`TurnEnd`'s answer to
+        :meth:`answered`; its ``error``, when set, is the turn's answer."""
+        return run(self, attempt, send, streamed=streamed)
+
+    async def aturn(self, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
+                    streamed: bool = False) -> TurnEnd[T]:
+        """The async twin of :meth:`turn`."""
+        return await arun(self, attempt, send, streamed=streamed)
 
     @staticmethod
     def _client_call(attempt: Attempt) -> dict[str, Any]:
         """This try's kwargs with the client's own retries off: the Session's :class:`RetryPolicy` is the one bound."""
         return {**attempt.call_kwargs, **CLIENT_RETRIES_OFF}
-
-    def _tries_left(self, attempt: Attempt) -> int:
-        return attempt.turn.left(attempt.decision.role, self.retry.attempts)
-
-    @staticmethod
-    def _tried(attempt: Attempt, send: Callable[[], T]) -> Callable[[], T]:
-        """``send``, counting each call as a try of this turn on the attempt's backend."""
-        def counted() -> T:
-            attempt.turn.sent[attempt.decision.role] += 1
-            return send()
-        return counted
 
     def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
         """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""

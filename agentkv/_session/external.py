@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal, Mapping
 
-from agentkv._session.attempts import Attempt, Observation
+from agentkv._session.attempts import Attempt
+from agentkv._session.decide import Failed, FailOver, Recover
 from agentkv._session.reactive import ReactivePath
 from agentkv._session.inputs import Facts, max_tokens_of, request_payload, to_facts
 from agentkv.errors import ContextOverflowError
-from agentkv.overflow import overflow_from_error
+from agentkv.protocols import Observation
 from agentkv.routing import RouteDecision, as_sent
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.ceiling import byte_ceiling
@@ -113,18 +114,23 @@ class SendsOutside(ReactivePath):
 
     def recover(self, attempt: Attempt, error: Exception) -> Attempt:
         """The next try after ``attempt`` failed with ``error``: a recoverable overflow is clamped or escalated,
-        an outage fails over when the other backend can take it; anything else is re-raised."""
-        overflow = overflow_from_error(error)
-        if overflow is None:
+        an outage fails over when the other backend can take it; anything else is re-raised. (The Session's
+        own drivers, the OpenAI transport and the gateway take this step inside :func:`~agentkv._session.drive.run`.)"""
+        action = self._next_action(attempt, Failed(error))
+        if isinstance(action, Recover):
+            return self._recover(attempt, error, action.overflow, self._recount(attempt), self._facts())
+        if isinstance(action, FailOver):
             return self._fail_over(attempt, error, self._facts())
-        return self._recover(attempt, error, overflow, self._recount(attempt), self._facts())
+        raise error
 
     async def arecover(self, attempt: Attempt, error: Exception) -> Attempt:
         """The async twin of :meth:`recover`."""
-        overflow = overflow_from_error(error)
-        if overflow is None:
+        action = self._next_action(attempt, Failed(error))
+        if isinstance(action, Recover):
+            return self._recover(attempt, error, action.overflow, await self._arecount(attempt), await self._afacts())
+        if isinstance(action, FailOver):
             return self._fail_over(attempt, error, await self._afacts())
-        return self._recover(attempt, error, overflow, await self._arecount(attempt), await self._afacts())
+        raise error
 
     def answered(self, attempt: Attempt, response: Any, *, asynchronous: bool = False) -> Any:
         """Record ``attempt`` as answered with ``response`` (a dict or object with OpenAI's ``usage``):

@@ -55,6 +55,7 @@ class ReactivePath(SessionCore):
                 max_tokens=attempt.decision.max_tokens,
             ) from error
         self._stats.add("reactive_fallbacks")
+        attempt.turn.recoveries += 1
         fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
             if attempt.decision.role == "fast" else facts.fast
         decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=self.routing,
@@ -65,10 +66,11 @@ class ReactivePath(SessionCore):
                        reactive_clamped=not escalated)
 
     def _fail_over(self, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
-        """The next try when ``attempt``'s backend is down and the other one can take the request; any
-        other error propagates untouched, and so does an outage when the other backend is closed for this turn
-        (down, refused this request as too long, or out of tries: see :class:`~agentkv.retry.TurnTries`)."""
-        if self.slow is None or not self.retry.fails_over(error, streamed=attempt.turn.streamed):
+        """The next try when ``attempt``'s backend is down (``error`` is an outage:
+        :func:`~agentkv._session.decide.next_action` said so) and the other one can take the request; ``error``
+        propagates untouched when the other backend is closed for this turn (down, refused this request as too long,
+        or out of tries: see :class:`~agentkv.retry.TurnTries`) or cannot hold it."""
+        if self.slow is None:
             raise error
         attempt.turn.down.add(attempt.decision.role)
         facts = self._for_turn(facts, attempt, exclude_refused=True)
@@ -78,6 +80,7 @@ class ReactivePath(SessionCore):
         if decision is None:
             raise error
         self._stats.add("failovers")
+        attempt.turn.failovers += 1
         emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
              status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
              session=self.session_id, tenant=self.tenant)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
-from agentkv._session.responses import StreamWatcher, Usage, response_usage
+from agentkv.wire.usage import StreamWatcher, Usage, response_usage
 from agentkv.errors import check_positive_int
 from agentkv.events import emit
 from agentkv.routing import Role

@@ -17,20 +17,11 @@ Importing this package is cheap: starlette, uvicorn and prometheus_client load w
 
 from __future__ import annotations
 
-from typing import Any
-
+from agentkv._lazy import lazy_exports
 from agentkv.gateway.config import GatewayConfig
 
 __all__ = ["GatewayConfig", "GatewayThread", "create_app"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from agentkv.gateway.app import create_app
-
-        return create_app
-    if name == "GatewayThread":
-        from agentkv.gateway.serve import GatewayThread
-
-        return GatewayThread
-    raise AttributeError(f"module 'agentkv.gateway' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, {"create_app": "agentkv.gateway.app",
+                                                 "GatewayThread": "agentkv.gateway.serve"}, globals(), __all__)

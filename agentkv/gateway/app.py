@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentkv._session.driver import Session
+from agentkv._session import Session
 from agentkv.events import defer_events, digest, emit
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.context import GatewayContext

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import agentkv._env as _env
-from agentkv._session.driver import Session
+from agentkv._session import Session
 from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery, discovery_for
 from agentkv.events import digest, emit

@@ -1,11 +1,11 @@
-"""One routed request, from the client's body to a backend's answer, through the Session's public core.
+"""One routed request, from the client's body to a backend's answer, through the Session's loop.
 
-This is the httpx transport's loop (:mod:`agentkv.integrations.openai`) over a gateway's upstream client, and it
-decides nothing itself: :meth:`Session.aprepare` counts, routes, clamps and warms; each try's body is the
-transport's :func:`~agentkv.integrations.openai.outgoing_body` (the backend's model id, the budget, the tenant's
-salt); a rejection (400, 413) or an outage (502, 503, 504, an unreachable backend) goes to
-:meth:`Session.arecover`, which clamps, escalates or fails over, or gives the error back to pass on; the answer
-goes to :meth:`Session.answered`, a stream's once it has ended. A stream's bytes pass through as they come.
+It decides nothing itself: :meth:`Session.aprepare` counts, routes, clamps and warms; the turn then runs in the
+Session's one loop (:meth:`Session.aturn`, the same as ``Session.acompletion``'s and the OpenAI
+transport's) over the gateway's upstream client: each try's body is :func:`~agentkv.wire.openai.try_bytes` (the
+backend's model id, the budget, the tenant's salt), an error answer or an outage is retried, clamped, escalated or
+failed over as the Session's decision says, and what ends the turn is answered in OpenAI's shape. The answer goes to
+:meth:`Session.answered`, a stream's once it has ended. A stream's bytes pass through as they come.
 """
 
 from __future__ import annotations
@@ -14,35 +14,24 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 
-from agentkv._session.attempts import Attempt
-from agentkv._session.driver import Session
+from agentkv._session import Attempt, Session, TurnEnd
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.exchange import JSON, Reply
 from agentkv.gateway.upstream import Started, UpstreamResponse
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
-from agentkv.integrations.openai import Rejected, UsageWatch, counted_view, outgoing_body
+from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, try_bytes
 
-__all__ = ["RECOVERABLE", "own_error", "relay", "try_body", "upstream_url"]
+__all__ = ["RECOVERABLE", "own_error", "relay"]
 
 RECOVERABLE = (400, 413, 502, 503, 504)
-"""Statuses handed to :meth:`Session.arecover`: a possible context overflow, or an outage."""
-
-
-def upstream_url(attempt: Attempt) -> str:
-    """The endpoint of this try: the backend's ``/chat/completions``, or ``/completions`` for a text completion."""
-    base = (attempt.backend.api_base or "").rstrip("/")
-    return f"{base}/completions" if attempt.text else f"{base}/chat/completions"
-
-
-def try_body(body: Mapping[str, Any], attempt: Attempt, salt: str | None) -> bytes:
-    """This try's JSON: the client's body addressed to the attempt's backend (whatever ``model`` it named)."""
-    return json.dumps(outgoing_body({**body, "model": attempt.backend.served_model}, attempt, salt)).encode()
+"""Statuses that may be a context overflow or an outage: a try answered so is recovered or failed over, not
+timed in the gateway's latency histogram."""
 
 
 def own_error(status: int, message: str) -> Reply:
@@ -56,7 +45,8 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
     A request the Session can vouch for before counting it (:meth:`Session.presend`: fast, as it is, far from
     every boundary) is written to fast at once, on a kept connection, and the Session prepares it while fast
     works; when the prepared try's URL and bytes are not exactly what went out, that request is abandoned (its
-    connection closed) and the prepared one sent instead."""
+    connection closed) and the prepared one sent instead. Every try after that is the Session's loop
+    (:meth:`Session.aturn`): retried, recovered and failed over as ``Session.acompletion``'s."""
     started = time.perf_counter()
     counted = counted_view(body)
     early = _presend(ctx, session, body, counted)
@@ -72,42 +62,60 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
             early.cancel()
         raise
     ctx.metrics.warm(attempt.warm)
-    stream = bool(body.get("stream"))
-    while True:
-        url, content = upstream_url(attempt), try_body(body, attempt, session.cache_salt)
-        try:
-            if early is not None and early.url == url and early.content == content:
-                response = await early.response()
-            else:
-                if early is not None:
-                    early.cancel()
-                    ctx.metrics.presend_discarded.inc()
-                response = await ctx.send(url, content)
-        except httpx.HTTPError as error:
-            early = None
-            retry = await _next_try(ctx, session, attempt, error)
-            if retry is None:
-                return _unreachable(ctx, attempt, error)
-            attempt = retry
-            continue
-        early = None
-        if response.status_code in RECOVERABLE:
-            raw = await _read_closed(response)
-            retry = await _next_try(ctx, session, attempt, Rejected(response.status_code, raw.decode("utf-8", "replace")))
-            if retry is None:
-                return _upstream_error(ctx, attempt, response.status_code, raw)
-            attempt = retry
-            continue
-        ctx.metrics.observe(attempt.decision.role, time.perf_counter() - started)
+
+    async def send(attempt: Attempt) -> tuple[UpstreamResponse, bytes]:
+        """One try: the backend's answer, its body read whole unless it streams (a cut answer is an outage)."""
+        nonlocal early
+        url, content = endpoint_url(attempt), try_bytes(body, attempt)
+        taken, early = early, None  # the early request serves the first try only
+        if taken is not None and taken.url == url and taken.content == content:
+            response = await taken.response()
+        else:
+            if taken is not None:
+                taken.cancel()
+                ctx.metrics.presend_discarded.inc()
+            response = await ctx.send(url, content)
         if response.status_code >= 400:
-            return _upstream_error(ctx, attempt, response.status_code, await _read_closed(response))
-        ctx.metrics.answered(attempt.decision.role, attempt.decision.reason)
-        if stream:
-            return _streamed(session, attempt, response)
-        raw = await _read_closed(response)
-        _record_later(session, attempt, raw)
-        return Reply(response.status_code, raw, route_headers(attempt.decision),
-                     response.headers.get("content-type", JSON))
+            raise Rejected.of(response.status_code, await _read_closed(response))
+        return response, b"" if stream else await _read_closed(response)
+
+    stream = bool(body.get("stream"))
+    try:
+        ended = await session.aturn(attempt, send, streamed=stream)
+    finally:
+        if early is not None:  # the turn never sent its first try (a handoff failed, the client left)
+            early.cancel()
+    _count_moves(ctx, ended.attempt)
+    return _answer(ctx, session, ended, stream, started)
+
+
+def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[UpstreamResponse, bytes]], stream: bool,
+            started: float) -> Reply:
+    """The client's answer: the backend's (streamed through, or whole), its error in OpenAI's shape, or the
+    gateway's own 502/504 when no backend could be reached."""
+    attempt, error = ended.attempt, ended.error
+    answer = error.__cause__ if isinstance(error, ContextOverflowError) else error
+    if isinstance(answer, Rejected):
+        if answer.status_code not in RECOVERABLE:
+            ctx.metrics.observe(attempt.decision.role, time.perf_counter() - started)
+        return _upstream_error(ctx, attempt, answer.status_code, answer.raw)
+    if isinstance(error, httpx.HTTPError):
+        return _unreachable(ctx, attempt, error)
+    response, raw = ended.result()
+    ctx.metrics.observe(attempt.decision.role, time.perf_counter() - started)
+    ctx.metrics.answered(attempt.decision.role, attempt.decision.reason)
+    if stream:
+        return _streamed(session, attempt, response)
+    _record_later(session, attempt, raw)
+    return Reply(response.status_code, raw, route_headers(attempt.decision), response.headers.get("content-type", JSON))
+
+
+def _count_moves(ctx: GatewayContext, attempt: Attempt) -> None:
+    """The turn's recoveries and failovers, in the gateway's metrics."""
+    if attempt.turn.failovers:
+        ctx.metrics.failovers.inc(attempt.turn.failovers)
+    if attempt.turn.recoveries:
+        ctx.metrics.overflows_recovered.inc(attempt.turn.recoveries)
 
 
 def _record_later(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> None:
@@ -132,23 +140,10 @@ def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any], counte
     attempt = session.presend(counted)
     if attempt is None:
         return None
-    started = ctx.upstream.start(upstream_url(attempt), try_body(body, attempt, session.cache_salt))
+    started = ctx.upstream.start(endpoint_url(attempt), try_bytes(body, attempt))
     if started is not None:
         ctx.metrics.presends.inc()
     return started
-
-
-async def _next_try(ctx: GatewayContext, session: Session, attempt: Attempt, error: Exception) -> Attempt | None:
-    """The Session's next try after ``error`` (counted by kind), or None when the error is the answer."""
-    try:
-        retry = await session.arecover(attempt, error)
-    except (Rejected, ContextOverflowError, httpx.HTTPError):
-        return None
-    if retry.decision.reason == "failover":
-        ctx.metrics.failovers.inc()
-    else:
-        ctx.metrics.overflows_recovered.inc()
-    return retry
 
 
 def _parsed(raw: bytes) -> Any:

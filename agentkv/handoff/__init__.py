@@ -15,12 +15,14 @@ Importing this package does not import torch; the torch-backed names below (``ca
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentkv._lazy import lazy_exports
 
 from agentkv.handoff.cache import KVCache
 from agentkv.handoff.config import CalibrationConfig, MLPConfig
 from agentkv.handoff.engines import HandoffResult, handoff_prefix
+from agentkv.handoff.escalation import Handoff, HandoffOutcome
 from agentkv.handoff.errors import (
     HandoffError,
     MapperFileError,
@@ -61,7 +63,9 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "CalibrationConfig",
     "Evaluation",
+    "Handoff",
     "HandoffError",
+    "HandoffOutcome",
     "HandoffPlan",
     "HandoffResult",
     "KVCache",
@@ -90,14 +94,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentkv.handoff' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals(), __all__)

@@ -114,13 +114,18 @@ def export_body(model: str, payload: Payload, salt: str | None) -> dict[str, Any
 
 
 def import_request(kwargs: Mapping[str, Any], export_id: str, mapper: MapperSummary | None, salt: str | None,
-                   *, mapper_name: str | None) -> tuple[dict[str, Any], str | None]:
+                   *, mapper_name: str | None, raw: bool = False) -> tuple[dict[str, Any], str | None]:
     """The escalated request's kwargs naming the export, and the ``cache_salt`` it must carry.
+
+    ``raw``: ``kwargs`` is an OpenAI body as it goes on the wire (the transport, the gateway), where
+    ``kv_transfer_params`` is a top-level field; litellm kwargs carry it in ``extra_body``.
 
     A mapped import goes under :func:`~agentkv.vllm.params.handoff_salt` of the tenant's salt and the mapper, so its
     approximate blocks never serve the tenant's exact requests; an identity import (``mapper`` None) keeps the salt.
     """
     params = import_params(export_id, mapper_name if mapper is not None else None)
-    extra = {**dict(kwargs.get("extra_body") or {}), "kv_transfer_params": params}
     new_salt = salt if mapper is None else handoff_salt(salt, mapper.digest)
+    if raw:
+        return {**kwargs, "kv_transfer_params": params}, new_salt
+    extra = {**dict(kwargs.get("extra_body") or {}), "kv_transfer_params": params}
     return {**kwargs, "extra_body": extra}, new_salt

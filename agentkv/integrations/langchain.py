@@ -48,7 +48,8 @@ from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
-from agentkv._session.attempts import OBSERVED_KEYS, Attempt, Observation
+from agentkv._session import Attempt, Observation
+from agentkv.wire.openai import OBSERVED_KEYS
 
 _SALT_WARNED: LRUCache[str, bool] = LRUCache(maxsize=4096)  # Sessions already warned about a missing salt
 _SALT_LOCK = threading.Lock()

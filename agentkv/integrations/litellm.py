@@ -38,8 +38,8 @@ from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.protocols import SessionLike
 from agentkv.overflow import overflow_from_error
-from agentkv._session.attempts import OBSERVED_KEYS
-from agentkv._session.responses import response_cached_tokens
+from agentkv.wire.openai import OBSERVED_KEYS
+from agentkv.wire.usage import response_cached_tokens
 
 _env.import_litellm()  # cost map local and tiktoken offline before litellm is first imported
 from litellm.integrations.custom_logger import CustomLogger  # noqa: E402 (after the environment is set)

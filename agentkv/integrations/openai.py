@@ -36,34 +36,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import httpx
 
-from agentkv._session.attempts import Attempt
+from agentkv._session import Attempt, TurnEnd
 from agentkv.errors import AgentKVError, ContextOverflowError
 from agentkv.retry import outage_cause
-from agentkv.tenancy import with_body_salt
+from agentkv.wire.openai import Rejected, UsageWatch, counted_view, outgoing_body
 
 if TYPE_CHECKING:
-    from agentkv._session.driver import Session
+    from agentkv._session import Session
 
 __all__ = ["AgentKVTransport", "AsyncAgentKVTransport", "StreamBrokenError"]
-
-_NOT_COUNTED = ("stream", "stream_options")
-
-
-class Rejected(Exception):
-    """A backend's error answer (any status >= 400), read whole: shaped like the SDK's ``APIStatusError`` for the
-    overflow parser and the retry policy (``status_code``, ``message``); ``replay`` hands it on as it came."""
-
-    def __init__(self, status_code: int, text: str, response: httpx.Response | None = None, raw: bytes = b"") -> None:
-        super().__init__(text)
-        self.status_code = status_code
-        self.message = text
-        self.response, self.raw = response, raw
-
-    def replay(self) -> httpx.Response:
-        """The answer as the caller's client gets it: as it came, marked final (``x-should-retry: false``)."""
-        assert self.response is not None
-        return final(replayed(self.response, self.raw))
-
 
 class StreamBrokenError(AgentKVError, ConnectionError):
     """A streamed answer broke after its first bytes reached the caller. It is never re-sent (the caller holds
@@ -79,26 +60,7 @@ def is_chat_completion(request: httpx.Request) -> bool:
     return request.method == "POST" and request.url.path.rstrip("/").endswith("/chat/completions")
 
 
-def counted_view(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the Session counts and warms: the body without its streaming switches."""
-    return {k: v for k, v in body.items() if k not in _NOT_COUNTED}
-
-
-def outgoing_body(body: Mapping[str, Any], attempt: Attempt, salt: str | None) -> dict[str, Any]:
-    """The body for this try: the slow model's id when routed there, the clamped budget, the tenant's salt
-    (replacing the caller's: :func:`agentkv.tenancy.with_body_salt`)."""
-    out = dict(body)
-    if attempt.decision.role == "slow":
-        out["model"] = attempt.backend.served_model
-    budget = attempt.decision.max_tokens
-    if budget is not None:
-        keys = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None] or ["max_tokens"]
-        out.update({key: budget for key in keys})
-    return with_body_salt(out, salt if attempt.backend.api_base else None, keep_caller=attempt.keeps_caller_salt)
-
-
-def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: Attempt,
-                     salt: str | None) -> httpx.Request:
+def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
     """``request`` re-addressed to the attempt's backend (its ``api_base``) carrying this try's body."""
     url = request.url
     if attempt.decision.role == "slow" and attempt.backend.api_base:
@@ -106,7 +68,7 @@ def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: A
     headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
     if attempt.decision.role == "slow" and attempt.backend.api_key:
         headers["authorization"] = f"Bearer {attempt.backend.api_key}"
-    content = json.dumps(outgoing_body(body, attempt, salt)).encode()
+    content = json.dumps(outgoing_body(body, attempt)).encode()
     return httpx.Request("POST", url, headers=headers, content=content, extensions=request.extensions)
 
 
@@ -143,51 +105,6 @@ def json_answer(response: httpx.Response, raw: bytes) -> Any:
         return None
 
 
-class UsageWatch:
-    """Reads SSE lines as they pass and keeps the last chunk that carries ``usage``.
-
-    Linear in the bytes fed, and bounded: a line is held only until its newline arrives, and a line longer than
-    ``max_line`` bytes (1 MiB; a usage chunk is a few hundred) is dropped as it grows, not held.
-    """
-
-    def __init__(self, max_line: int = 1 << 20) -> None:
-        self.max_line = max_line
-        self._parts: list[bytes] = []  # the current line's pieces (joined once, at its newline)
-        self._held = 0
-        self._skipping = False  # the current line grew past max_line: dropped up to its newline
-        self.usage_chunk: dict[str, Any] = {}
-
-    def feed(self, data: bytes) -> None:
-        """Take the next raw bytes of the stream."""
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            self._hold(data[start:end])
-            if not self._skipping:
-                self._line(b"".join(self._parts).strip())
-            self._parts, self._held, self._skipping = [], 0, False
-            start = end + 1
-        self._hold(data[start:])
-
-    def _hold(self, piece: bytes) -> None:
-        if self._skipping or not piece:
-            return
-        self._held += len(piece)
-        if self._held > self.max_line:
-            self._parts, self._held, self._skipping = [], 0, True
-        else:
-            self._parts.append(piece)
-
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:") or b'"usage"' not in line:
-            return
-        try:
-            chunk = json.loads(line[5:])
-        except (ValueError, RecursionError):
-            return
-        if isinstance(chunk, dict) and chunk.get("usage"):
-            self.usage_chunk = chunk
-
-
 @dataclass
 class Sent:
     """One try's answer as the transport holds it: a JSON answer read whole (``raw``), or a stream whose first
@@ -199,9 +116,10 @@ class Sent:
     chunks: Any = None
 
 
-def rejection(response: httpx.Response, raw: bytes) -> Rejected:
-    """A >= 400 answer as the error the Session's retry policy and reactive path read."""
-    return Rejected(response.status_code, raw.decode("utf-8", "replace"), response, raw)
+def replay(rejected: Rejected) -> httpx.Response:
+    """A backend's error answer as the caller's client gets it: as it came, marked final (``x-should-retry: false``)."""
+    assert rejected.response is not None
+    return final(replayed(rejected.response, rejected.raw))
 
 
 def broken(error: BaseException, backend: str, received: int) -> StreamBrokenError:
@@ -287,9 +205,13 @@ class _AsyncStream(_Watched, httpx.AsyncByteStream):
         self._end()
 
 
-def _answered(session: "Session", attempt: Attempt, sent: Sent, stream: bool, asynchronous: bool) -> httpx.Response:
+def _answered(session: "Session", request: httpx.Request, ended: TurnEnd[Sent], stream: bool,
+              asynchronous: bool) -> httpx.Response:
     """The answer handed to the caller's client: a stream wrapped to record its usage at its end, or the JSON answer
-    recorded now and replayed."""
+    recorded now and replayed; the turn's last word when it got no answer (:func:`_last_word`)."""
+    if ended.error is not None:
+        return _last_word(request, ended.error)
+    attempt, sent = ended.attempt, ended.result()
     response = sent.response
     if not stream:
         session.answered(attempt, json_answer(response, sent.raw) or {}, asynchronous=asynchronous)
@@ -323,26 +245,10 @@ class AgentKVTransport(httpx.BaseTransport):
             attempt = self.session.prepare(counted_view(body))
         except ContextOverflowError as error:
             return refused(error)
-        attempt.turn.streamed = stream = bool(body.get("stream"))
-        while True:
-            try:
-                sent = self._send(request, body, attempt, stream)
-            except Exception as error:
-                try:
-                    attempt = self.session.recover(attempt, error)
-                except Exception as final_error:
-                    return _last_word(request, error, final_error)
-                continue
-            return _answered(self.session, attempt, sent, stream, asynchronous=False)
-
-    def _send(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, stream: bool) -> Sent:
-        role, policy = attempt.decision.role, self.session.retry
-
-        def once() -> Sent:
-            attempt.turn.sent[role] += 1
-            return self._once(outgoing_request(request, body, attempt, self.session.cache_salt), stream)
-
-        return policy.call(once, attempts=attempt.turn.left(role, policy.attempts))
+        stream = bool(body.get("stream"))
+        ended = self.session.turn(attempt, lambda a: self._once(outgoing_request(request, body, a), stream),
+                                  streamed=stream)
+        return _answered(self.session, request, ended, stream, asynchronous=False)
 
     def _once(self, request: httpx.Request, stream: bool) -> Sent:
         response = self._inner.handle_request(request)
@@ -351,7 +257,7 @@ class AgentKVTransport(httpx.BaseTransport):
                 raw = b"".join(response.iter_raw())  # an incomplete answer raises here: retried, failed over
                 response.close()
                 if response.status_code >= 400:
-                    raise rejection(response, raw)
+                    raise Rejected.of(response.status_code, raw, response)
                 return Sent(response, raw=raw)
             assert isinstance(response.stream, httpx.SyncByteStream)
             chunks = iter(response.stream)
@@ -379,26 +285,10 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
             attempt = await self.session.aprepare(counted_view(body))
         except ContextOverflowError as refusal:
             return refused(refusal)
-        attempt.turn.streamed = stream = bool(body.get("stream"))
-        while True:
-            try:
-                sent = await self._send(request, body, attempt, stream)
-            except Exception as error:
-                try:
-                    attempt = await self.session.arecover(attempt, error)
-                except Exception as final_error:
-                    return _last_word(request, error, final_error)
-                continue
-            return _answered(self.session, attempt, sent, stream, asynchronous=True)
-
-    async def _send(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, stream: bool) -> Sent:
-        role, policy = attempt.decision.role, self.session.retry
-
-        async def once() -> Sent:
-            attempt.turn.sent[role] += 1
-            return await self._once(outgoing_request(request, body, attempt, self.session.cache_salt), stream)
-
-        return await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts))
+        stream = bool(body.get("stream"))
+        ended = await self.session.aturn(attempt, lambda a: self._once(outgoing_request(request, body, a), stream),
+                                         streamed=stream)
+        return _answered(self.session, request, ended, stream, asynchronous=True)
 
     async def _once(self, request: httpx.Request, stream: bool) -> Sent:
         response = await self._inner.handle_async_request(request)
@@ -407,7 +297,7 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
                 raw = b"".join([part async for part in response.aiter_raw()])
                 await response.aclose()
                 if response.status_code >= 400:
-                    raise rejection(response, raw)
+                    raise Rejected.of(response.status_code, raw, response)
                 return Sent(response, raw=raw)
             assert isinstance(response.stream, httpx.AsyncByteStream)
             chunks = aiter(response.stream)
@@ -420,13 +310,12 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-def _last_word(request: httpx.Request, error: Exception, final_error: Exception) -> httpx.Response:
-    """What the caller's client gets when the Session has no next try for ``error``: the backend's last answer
-    (also when the Session gave up on an overflow), or ``error`` raised as the client's own final error."""
-    if isinstance(error, Rejected) and (final_error is error or isinstance(final_error, ContextOverflowError)):
-        return error.replay()
-    if final_error is not error:
-        raise final_error
+def _last_word(request: httpx.Request, error: Exception) -> httpx.Response:
+    """What the caller's client gets when the turn ended with ``error``: the backend's last answer (also when the
+    Session gave up on an overflow it answered), or ``error`` raised as the client's own final error."""
+    answer = error.__cause__ if isinstance(error, ContextOverflowError) else error
+    if isinstance(answer, Rejected) and answer.response is not None:
+        return replay(answer)
     wrapped = gave_up(request, error)
     if wrapped is error:
         raise error

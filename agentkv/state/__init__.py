@@ -9,15 +9,12 @@
 See ``docs/replicas.md`` for the failure policy and the key layout.
 """
 
+from agentkv._lazy import lazy_exports
 from agentkv.state.memory import InProcessStore
 from agentkv.state.protocol import Lease, SharedWindow, StateStore, StateUnavailable, WarmClaim
 
 __all__ = ["InProcessStore", "Lease", "RedisStore", "SharedWindow", "StateStore", "StateUnavailable", "WarmClaim"]
 
 
-def __getattr__(name: str) -> object:
-    if name == "RedisStore":  # redis-py is imported only by those who use it
-        from agentkv.state.redis import RedisStore
-
-        return RedisStore
-    raise AttributeError(f"module 'agentkv.state' has no attribute {name!r}")
+# redis-py is imported only by those who use it
+__getattr__, __dir__ = lazy_exports(__name__, {"RedisStore": "agentkv.state.redis"}, globals(), __all__)

@@ -236,7 +236,7 @@ def test_a_session_escalating_cold_hands_the_prefix_over_through_the_connector(p
     """A Session whose second turn outgrows fast exports what fast served, slow maps it in, and the Session counts
     the tokens slow reports, which vLLM's metrics show as external KV."""
     from agentkv import Backend, Session, WindowDiscovery
-    from agentkv._session.escalation import Handoff
+    from agentkv import Handoff
     from agentkv.warm import CooldownMap
 
     monkeypatch.setenv("AGENTKV_WARM_AHEAD", "0")  # no warm-ahead: the escalation would be cold

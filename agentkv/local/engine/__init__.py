@@ -19,8 +19,9 @@ Usage::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentkv._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentkv.local.engine.local_engine import Delta, EngineStats, Generation, LocalEngine
@@ -31,14 +32,4 @@ _EXPORTS = {name: "agentkv.local.engine.local_engine" for name in ("Delta", "Eng
 __all__ = ["Delta", "EngineStats", "Generation", "LocalEngine"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentkv.local.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

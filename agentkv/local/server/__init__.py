@@ -16,8 +16,9 @@ Usage::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentkv._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentkv.local.server.local_server import LocalServer, LoggedRequest, engine_at
@@ -27,14 +28,4 @@ _EXPORTS = {name: "agentkv.local.server.local_server" for name in ("LocalServer"
 __all__ = ["LocalServer", "LoggedRequest", "engine_at"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentkv.local.server' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -1,12 +1,6 @@
-"""What happens at the escalation besides the request: the KV handoff, and the warm-prefix check.
+"""What a Session does at the escalation besides the request: the KV handoff (:class:`Handoff`).
 
-The warm-prefix check compares what warm-ahead warmed with what the escalation sent (rendered
-tokens, from the slow backend's counter) and warns when the warm no longer prefixes it. It is a
-diagnostic: the driver runs it in the background, never on the request path.
-
-KV handoff at escalation, between in-process embedded engines or between vLLM servers.
-
-At the move from fast to slow, a configured mapper (``Session(..., handoff="ridge", mapper=PATH)``)
+At the move from fast to slow, a configured mapper (``Session(..., handoff=Handoff("ridge", mapper=PATH))``)
 takes the fast engine's cached KV for the conversation's prefix, maps it, and installs it in the slow
 engine's prefix cache under the slow engine's own block hashes; the slow engine then prefills only the
 unmapped tail. Anything that stops that (engines not in this process, a mapper below the quality gate,
@@ -17,9 +11,10 @@ With ``Handoff(..., via="vllm")`` the two backends are vLLM servers running
 :class:`~agentkv.vllm.connector.AgentKVConnector` (the slow one configured with the same mapper folder under
 ``mapper_name``). At an escalation that would otherwise be cold (no warm-ahead reached slow, or the ledger shows
 it evicted), fast exports the conversation's prefix, the gate reads the mapper's held-out figures, and the
-escalated request names the export under the handoff salt; slow maps and loads it. What slow reports having
-loaded is counted when the answer arrives (:meth:`Handoff.answered`): ``handoff_mapped``, ``mapped_tokens``, or a
-``handoff_fallbacks`` when it loaded nothing.
+escalated request names the export under the handoff salt; slow maps and loads it. The export a request names
+lives on that request's attempt (``Attempt.handoff_export``), so escalations in flight at once each count their
+own: what slow reports having loaded is counted when that request's answer arrives (:meth:`Handoff.answered`):
+``handoff_mapped``, ``mapped_tokens``, or a ``handoff_fallbacks`` when it loaded nothing.
 """
 
 from __future__ import annotations
@@ -27,17 +22,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from agentkv._http import HttpTransport
 from agentkv.backends import Backend
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
 from agentkv.handoff.plan import REPLAY
-from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.stats import SessionStats
-from agentkv.tokens import Payload, TokenCounter
-from agentkv.warm.sender import BackgroundJobs
+from agentkv.tokens import Payload
+
+__all__ = ["Handoff", "HandoffOutcome", "warm_cold_reason"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,6 @@ class Handoff:
         self._mapper: Any = None
         self.min_attention_cosine = DEFAULT_MIN_ATTENTION_COSINE if min_attention_cosine is None else min_attention_cosine
         self.via, self.mapper_name, self.export_timeout_s = via, mapper_name, export_timeout_s
-        self._pending: str | None = None  # the export the escalated request names, until its answer arrives
 
     @property
     def active(self) -> bool:
@@ -150,8 +144,9 @@ class Handoff:
         if isinstance(exported, HandoffOutcome):
             return exported
         attempt.kwargs, attempt.cache_salt = import_request(attempt.kwargs, exported, summary, cache_salt,
-                                                            mapper_name=self.mapper_name or fast.served_model)
-        self._pending = exported
+                                                            mapper_name=self.mapper_name or fast.served_model,
+                                                            raw=attempt.raw)
+        attempt.handoff_export = exported  # per request: two escalations in flight each count their own import
         return HandoffOutcome(0, plan.backend, f"import of {exported[:12]} sent ({cold})", pending=True)
 
     def _export(self, fast: Backend, prefix: Payload, cache_salt: str | None, http: HttpTransport) -> str | HandoffOutcome:
@@ -173,13 +168,12 @@ class Handoff:
              export_ms=round((time.perf_counter() - started) * 1e3, 3))
         return found[0]
 
-    def answered(self, response: Any, stats: SessionStats) -> None:
-        """Count what slow reported loading for the import the escalated request named (if it named one)."""
-        from agentkv.vllm.params import import_result
-
-        export, self._pending = self._pending, None
+    def answered(self, export: str | None, response: Any, stats: SessionStats) -> None:
+        """Count what slow reported loading for ``export``, the import the answered request named (None: none)."""
         if export is None:
             return
+        from agentkv.vllm.params import import_result
+
         params = response.get("kv_transfer_params") if isinstance(response, dict) else \
             getattr(response, "kv_transfer_params", None)
         reported = import_result(params)
@@ -214,57 +208,3 @@ def warm_cold_reason(warm: Any) -> str | None:
         except Exception as exc:  # the ledger cannot tell: trust the warm
             emit("handoff.residency_unknown", level="debug", error=type(exc).__name__)
     return cold_reason(warmed=warmed is not None, held_tokens=held, warmed_tokens=tokens, block_size=size)
-
-
-def prefix_report(previous: Payload, current: Payload, prev_ids: tuple[list[int], bool],
-                  ids: tuple[list[int], bool]) -> PrefixReport:
-    """Compare two payloads' rendered token ids (each with whether it is exact) and explain the split."""
-    divergence = explain_divergence(previous.messages or (), previous.tools, current.messages or (), current.tools)
-    return build_report(prev_ids[0], ids[0], divergence, exact=prev_ids[1] and ids[1])
-
-
-def check_warm_prefix(counter: TokenCounter, warmed: Payload, sent: Payload, stats: SessionStats,
-                      session_id: str) -> None:
-    """Warn when the warmed prompt is not a prefix of the escalated one (run off the request path)."""
-    report = prefix_report(warmed, sent, counter.token_ids(warmed, add_generation_prompt=False),
-                           counter.token_ids(sent))
-    _judge(report, stats, session_id)
-
-
-async def acheck_warm_prefix(counter: TokenCounter, warmed: Payload, sent: Payload, stats: SessionStats,
-                             session_id: str) -> None:
-    """:func:`check_warm_prefix` over async HTTP (run as a background task)."""
-    report = prefix_report(warmed, sent, await counter.atoken_ids(warmed, add_generation_prompt=False),
-                           await counter.atoken_ids(sent))
-    _judge(report, stats, session_id)
-
-
-def schedule_warm_prefix_check(jobs: BackgroundJobs, counter: TokenCounter, warmed: Payload, sent: Payload,
-                               stats: SessionStats, session_id: str, *, asynchronous: bool) -> None:
-    """Run the warm-prefix check in the background: a task on the running loop, or a pool thread."""
-    if asynchronous:
-        jobs.task(_quietly(acheck_warm_prefix(counter, warmed, sent, stats, session_id)), 60.0)
-    else:
-        jobs.thread(lambda: _quietly_sync(check_warm_prefix, counter, warmed, sent, stats, session_id))
-
-
-async def _quietly(work: Awaitable[None]) -> None:
-    """Await a diagnostic; its failure is logged, never raised into anyone."""
-    try:
-        await work
-    except Exception as exc:
-        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
-
-
-def _quietly_sync(fn: Callable[..., None], *args: Any) -> None:
-    try:
-        fn(*args)
-    except Exception as exc:  # a diagnostic never raises into anyone
-        emit("diagnostic_failed", level="debug", error=type(exc).__name__)
-
-
-def _judge(report: PrefixReport, stats: SessionStats, session_id: str) -> None:
-    if not report.intact:
-        stats.add("warm_prefix_broken")
-        emit("warm_prefix_broken", level="warning", reason=report.reason, reusable_tokens=report.reusable_tokens,
-             warmed_tokens=report.previous_tokens, session=session_id)

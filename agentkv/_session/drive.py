@@ -1,0 +1,126 @@
+"""The one loop every entry point runs a turn with, sync (:func:`run`) and async (:func:`arun`).
+
+A caller prepares the turn's first :class:`~agentkv._session.attempts.Attempt` (``Session.prepare``, or the
+Session's own drivers) and hands over how one try goes out: ``send(attempt)`` returns the backend's answer or
+raises. The loop asks :func:`~agentkv._session.decide.next_action` what to do and does it: send (under the Session's
+:class:`~agentkv.RetryPolicy`, at most ``attempts`` tries per backend in a turn), hand the KV off, recover an overflow
+or fail over (each with fresh window facts and the failed backend's own count), finish or give up. It decides nothing
+itself, so ``Session.completion``, the OpenAI transport and the gateway route, recover and fail over alike.
+
+    ended = run(session, attempt, lambda a: client.completion(**a.call_kwargs), streamed=False)
+    ended.result()   # the answer, or raises what ended the turn
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable, Generic, TypeVar
+
+from agentkv._session.attempts import Attempt
+from agentkv._session.decide import Answered, Failed, FailOver, Finish, GiveUp, HandOff, Outcome, Recover, Send
+
+if TYPE_CHECKING:
+    from agentkv._session.reactive import ReactivePath as SessionCore
+
+__all__ = ["TurnEnd", "arun", "run"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class TurnEnd(Generic[T]):
+    """How a turn ended: its last ``attempt`` and the ``answer`` it got, or the ``error`` that is its answer (the last
+    try's failure, or what the recovery raised from it, e.g. a :class:`~agentkv.ContextOverflowError`)."""
+
+    attempt: Attempt
+    answer: T | None = None
+    error: Exception | None = None
+
+    def result(self) -> T:
+        """The answer, or raise the error that ended the turn."""
+        if self.error is not None:
+            raise self.error
+        return self.answer  # type: ignore[return-value]
+
+
+def run(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool) -> TurnEnd[T]:
+    """Carry ``attempt``'s turn to its end through ``session``'s decisions; ``send`` makes one try."""
+    attempt.turn.streamed = streamed
+    outcome: Outcome | None = None
+    while True:
+        action = session._next_action(attempt, outcome)
+        if isinstance(action, Finish):
+            return TurnEnd(attempt, answer=action.value)
+        if isinstance(action, GiveUp):
+            return TurnEnd(attempt, error=action.error)
+        if isinstance(action, HandOff):
+            session._handoff(attempt)
+            continue
+        if isinstance(action, Send):
+            outcome = _tried(session, attempt, send)
+            continue
+        try:
+            if isinstance(action, Recover):
+                attempt = session._recover(attempt, action.error, action.overflow, session._recount(attempt),
+                                           session._facts())
+            elif isinstance(action, FailOver):
+                attempt = session._fail_over(attempt, action.error, session._facts())
+        except Exception as final:  # no backend takes the turn: what the recovery raised is its answer
+            return TurnEnd(attempt, error=final)
+        outcome = None
+
+
+async def arun(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
+               streamed: bool) -> TurnEnd[T]:
+    """The async twin of :func:`run`: every input is awaited, and the handoff's torch work runs off the loop."""
+    attempt.turn.streamed = streamed
+    outcome: Outcome | None = None
+    while True:
+        action = session._next_action(attempt, outcome)
+        if isinstance(action, Finish):
+            return TurnEnd(attempt, answer=action.value)
+        if isinstance(action, GiveUp):
+            return TurnEnd(attempt, error=action.error)
+        if isinstance(action, HandOff):
+            await asyncio.to_thread(session._handoff, attempt)
+            continue
+        if isinstance(action, Send):
+            outcome = await _atried(session, attempt, send)
+            continue
+        try:
+            if isinstance(action, Recover):
+                attempt = session._recover(attempt, action.error, action.overflow, await session._arecount(attempt),
+                                           await session._afacts())
+            elif isinstance(action, FailOver):
+                attempt = session._fail_over(attempt, action.error, await session._afacts())
+        except Exception as final:
+            return TurnEnd(attempt, error=final)
+        outcome = None
+
+
+def _tried(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], T]) -> Outcome:
+    """One Send: ``send`` under the retry policy, each call counted as a try of the turn on the attempt's backend."""
+    role, policy = attempt.decision.role, session.retry
+
+    def once() -> T:
+        attempt.turn.sent[role] += 1
+        return send(attempt)
+
+    try:
+        return Answered(policy.call(once, attempts=attempt.turn.left(role, policy.attempts)))
+    except Exception as error:
+        return Failed(error)
+
+
+async def _atried(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], Awaitable[T]]) -> Outcome:
+    role, policy = attempt.decision.role, session.retry
+
+    async def once() -> T:
+        attempt.turn.sent[role] += 1
+        return await send(attempt)
+
+    try:
+        return Answered(await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts)))
+    except Exception as error:
+        return Failed(error)
