@@ -14,8 +14,7 @@ from __future__ import annotations
 from _support import parse_args, print_ledger, print_stats, quiet_logs, servers
 
 from agentkv import Session
-from agentkv._env import import_litellm
-from agentkv.integrations.litellm import AgentKVLogger
+from agentkv.integrations.litellm import AgentKVLogger  # sets litellm's cost map local before importing it
 from agentkv.overflow import overflow_from_error
 from agentkv.demo.script import TOOLS, ScriptedAgent
 
@@ -23,7 +22,8 @@ from agentkv.demo.script import TOOLS, ScriptedAgent
 def main() -> int:
     args = parse_args(__doc__.splitlines()[0])
     quiet_logs()
-    litellm = import_litellm()
+    import litellm
+
     litellm.suppress_debug_info = True  # no "Give Feedback" banner when fast rejects the long conversation
     with servers(args.quick) as env:
         fast = {"model": env.fast.model, "api_base": env.fast.api_base}

@@ -22,7 +22,7 @@ from agentkv.vllm import (
 from agentkv.vllm.decide import ImportInputs, MapperEntry, plan_import
 from agentkv.vllm.jobs import LoadJob
 from agentkv.vllm.metrics import prompt_tokens_by_source
-from agentkv.vllm.params import import_result
+from agentkv.wire.kv_transfer import import_result
 from agentkv.vllm.paged import PagedLayout
 from agentkv.vllm.scheduler import SchedulerSide
 from agentkv.vllm.store import ExportError, ExportManifest, ExportStore, Lookup, evictions, export_id

@@ -12,7 +12,7 @@ from agentkv._session.decide import (
 )
 from agentkv.routing import RouteDecision
 from agentkv.testing import FakeHttp, capture_events, models_answer
-from agentkv.vllm.params import KEY
+from agentkv.wire.kv_transfer import KEY
 
 FAST, SLOW = "http://127.0.0.1:9301/v1", "http://127.0.0.1:9302/v1"
 LONG = [{"role": "user", "content": "word " * 1000}]  # about 1,000 tokens: fits fast (2,048) and slow (16,384)

@@ -57,7 +57,8 @@ class Handoff:
 
     def __init__(self, backend: str = REPLAY, mapper: Any = None, *, min_attention_cosine: float | None = None,
                  via: str = "engines", mapper_name: str | None = None, export_timeout_s: float = 60.0) -> None:
-        from agentkv.handoff import DEFAULT_MIN_ATTENTION_COSINE, available_mappers
+        from agentkv.handoff.plan import DEFAULT_MIN_ATTENTION_COSINE
+        from agentkv.handoff.registry import available_mappers
 
         if backend not in available_mappers():
             raise ConfigurationError(f"handoff={backend!r} is not a registered KV mapper; have {available_mappers()}")
@@ -101,7 +102,8 @@ class Handoff:
             return self._fallback(f"{type(error).__name__}: {error}")
 
     def _map(self, source: Any, target: Any, payload: Payload, cache_salt: str | None) -> HandoffOutcome:
-        from agentkv.handoff import choose_handoff, handoff_prefix, log_plan
+        from agentkv.handoff.engines import handoff_prefix
+        from agentkv.handoff.plan import choose_handoff, log_plan
         from agentkv.handoff.engines import engine_signature
 
         plan = choose_handoff(self._load(source, target), self.min_attention_cosine,
@@ -116,7 +118,7 @@ class Handoff:
 
     def _load(self, source: Any, target: Any) -> Any:
         if self._mapper is None:
-            from agentkv.handoff import load_mapper
+            from agentkv.handoff.registry import load_mapper
 
             spec = self._spec if self._spec is not None else self.backend
             self._mapper = load_mapper(spec, source=source.model, target=target.model) \
@@ -125,7 +127,7 @@ class Handoff:
 
     def _via_connector(self, fast: Backend, attempt: Any, prefix: Payload, cache_salt: str | None, warm: Any,
                        http: HttpTransport) -> HandoffOutcome:
-        from agentkv.handoff import choose_handoff, log_plan
+        from agentkv.handoff.plan import choose_handoff, log_plan
         from agentkv.handoff.served import MapperSummary, import_request
 
         cold = warm_cold_reason(warm)
@@ -152,7 +154,7 @@ class Handoff:
     def _export(self, fast: Backend, prefix: Payload, cache_salt: str | None, http: HttpTransport) -> str | HandoffOutcome:
         """Ask fast to export ``prefix``'s KV: the export id, or the fallback outcome when it did not."""
         from agentkv.handoff.served import export_body
-        from agentkv.vllm.params import export_result
+        from agentkv.wire.kv_transfer import export_result
 
         started = time.perf_counter()
         url = f"{(fast.api_base or '').rstrip('/')}/chat/completions"
@@ -172,7 +174,7 @@ class Handoff:
         """Count what slow reported loading for ``export``, the import the answered request named (None: none)."""
         if export is None:
             return
-        from agentkv.vllm.params import import_result
+        from agentkv.wire.kv_transfer import import_result
 
         params = response.get("kv_transfer_params") if isinstance(response, dict) else \
             getattr(response, "kv_transfer_params", None)

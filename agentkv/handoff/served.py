@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from agentkv.handoff.errors import MapperFileError, NotMappableError
 from agentkv.handoff.signature import SignaturePair
-from agentkv.vllm.params import export_params, handoff_salt, import_params, mapper_digest
+from agentkv.wire.kv_transfer import export_params, handoff_salt, import_params, mapper_digest
 
 if TYPE_CHECKING:
     import torch
@@ -120,7 +120,7 @@ def import_request(kwargs: Mapping[str, Any], export_id: str, mapper: MapperSumm
     ``raw``: ``kwargs`` is an OpenAI body as it goes on the wire (the transport, the gateway), where
     ``kv_transfer_params`` is a top-level field; litellm kwargs carry it in ``extra_body``.
 
-    A mapped import goes under :func:`~agentkv.vllm.params.handoff_salt` of the tenant's salt and the mapper, so its
+    A mapped import goes under :func:`~agentkv.wire.kv_transfer.handoff_salt` of the tenant's salt and the mapper, so its
     approximate blocks never serve the tenant's exact requests; an identity import (``mapper`` None) keeps the salt.
     """
     params = import_params(export_id, mapper_name if mapper is not None else None)

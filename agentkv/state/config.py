@@ -7,7 +7,7 @@ from agentkv._defaults import process_default, shared
 from agentkv.errors import ConfigurationError
 from agentkv.state.memory import InProcessStore
 from agentkv.state.protocol import StateStore
-from agentkv.warm.guards import CooldownMap, InFlightLimit
+from agentkv.state.guards import CooldownMap, InFlightLimit
 
 default_store = process_default(InProcessStore, "The process's own guards: the store Sessions use by default.")
 

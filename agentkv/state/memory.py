@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from agentkv.state.protocol import ClaimOutcome, Lease, SharedWindow, WarmClaim
-from agentkv.warm.guards import CooldownMap, InFlightLimit, shared_cooldowns, shared_in_flight
+from agentkv.state.guards import CooldownMap, InFlightLimit, shared_cooldowns, shared_in_flight
 
 _TOKENS = itertools.count()
 

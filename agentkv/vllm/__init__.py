@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from agentkv.vllm.params import (
+from agentkv.wire.kv_transfer import (
     KEY,
     TransferRequest,
     export_params,

@@ -156,7 +156,7 @@ def mapper_entries(paths: dict[str, str]) -> dict[str, MapperEntry]:
     """Each configured mapper's identity and signatures, read from its manifest (no tensors)."""
     from agentkv.handoff.manifest import signature_pair
     from agentkv.handoff.registry import read_manifest
-    from agentkv.vllm.params import mapper_digest
+    from agentkv.wire.kv_transfer import mapper_digest
 
     return {name: MapperEntry(path, mapper_digest(path), signature_pair(read_manifest(path), path))
             for name, path in paths.items()}

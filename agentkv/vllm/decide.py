@@ -7,7 +7,7 @@ it re-prefills instead (a normal request, never an error):
 - it was written by the model this server runs (no mapper), or by the named mapper's source model, and the
   mapper's target is this model;
 - the request's ``cache_salt`` is the one the loaded blocks may live under: the exporter's own salt for an
-  exact (same-model) import, the :func:`~agentkv.vllm.params.handoff_salt` of that salt and the mapper for
+  exact (same-model) import, the :func:`~agentkv.wire.kv_transfer.handoff_salt` of that salt and the mapper for
   a mapped one, so approximate blocks can never serve an exact-prefix request;
 - the export's tokens are a prefix of the prompt for at least one whole block (the load is block-aligned and
   leaves the prompt's last token to compute).
@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence, Union
 
 from agentkv.handoff.signature import ModelSignature, SignaturePair
 from agentkv.prefix import common_prefix
-from agentkv.vllm.params import TransferRequest, handoff_salt_from_digest, salt_digest
+from agentkv.wire.kv_transfer import TransferRequest, handoff_salt_from_digest, salt_digest
 from agentkv.vllm.store import ExportManifest, Lookup
 
 __all__ = ["ImportInputs", "ImportPlan", "MapperEntry", "common_prefix", "plan_import"]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from agentkv.handoff.signature import ModelSignature
 from agentkv.vllm.decide import ImportInputs, ImportPlan, MapperEntry, plan_import
 from agentkv.vllm.jobs import ExportJob, LoadJob, StepJobs
-from agentkv.vllm.params import KEY, TransferRequest, parse_request, salt_digest
+from agentkv.wire.kv_transfer import KEY, TransferRequest, parse_request, salt_digest
 from agentkv.vllm.store import ExportManifest, ExportStore, export_id
 
 __all__ = ["SchedulerSide"]

@@ -7,7 +7,7 @@ server's prefix cache then holds the conversation when escalation comes.
 - :mod:`agentkv.warm.policy`: :class:`WarmAheadPolicy` and the pure :func:`decide_warm`;
 - :mod:`agentkv.warm.economics`: the break-even gate (pure): warm only when an escalation is forecast within
   the slow cache's expected lifetime;
-- :mod:`agentkv.warm.guards`: the tenant-scoped :class:`CooldownMap` and the :class:`InFlightLimit`;
+- :mod:`agentkv.state.guards`: the tenant-scoped :class:`CooldownMap` and the :class:`InFlightLimit`;
 - :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send;
 - :mod:`agentkv.warm.events`: event-aware mode's pure :func:`decide_event_warm` over a :class:`Residency`
   (skip a resident prefix, re-warm an evicted one, top up a growing tail), read by
@@ -15,7 +15,7 @@ server's prefix cache then holds the conversation when escalation comes.
 """
 
 from agentkv.warm.economics import Forecast, TurnSample, decide_break_even, forecast_escalation
-from agentkv.warm.guards import CooldownMap, InFlightLimit, TenantCooldowns, shared_cooldowns, shared_in_flight
+from agentkv.state.guards import CooldownMap, InFlightLimit, TenantCooldowns, shared_cooldowns, shared_in_flight
 from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, WarmOutcome, decide_warm
 

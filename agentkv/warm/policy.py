@@ -1,6 +1,6 @@
 """The warm-ahead policy and its pure decision: whether a request should warm the slow model now.
 
-The stateful guards that come after this decision are in :mod:`agentkv.warm.guards`.
+The stateful guards that come after this decision are in :mod:`agentkv.state.guards`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ tokens vLLM loaded (0 when the export was refused, or its load failed and was re
 Mapped KV loads only under :func:`handoff_salt` of the exporter's salt and the mapper: a salt no ordinary
 request carries, so an exact-prefix request never meets approximate blocks.
 
-Pure functions, standard library only: this module runs inside vLLM's processes and in the Session.
+Pure functions, standard library only: this module runs inside vLLM's processes (:mod:`agentkv.vllm`) and in the
+Session's handoff (:mod:`agentkv.handoff`), and sits below both.
 """
 
 from __future__ import annotations
