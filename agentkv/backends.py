@@ -48,7 +48,7 @@ class Backend:
     window (otherwise it is discovered); ``tokenizer`` (a tiktoken encoding name, a transformers
     tokenizer, or a local tokenizer path) with ``chat_template`` makes token counts exact;
     ``completion_kwargs`` are extra litellm kwargs sent with every request to this backend; ``kv_events`` (and
-    ``kv_events_replay``) name the server's vLLM KV-events endpoints for :class:`agentkv.ledger.CacheLedger`.
+    ``kv_events_replay``) name the server's vLLM KV-events endpoints for :class:`agentkv.cache_ledger.CacheLedger`.
 
         Backend("hosted_vllm/qwen3-32b", api_base="http://127.0.0.1:8002/v1", window=131072)
     """
@@ -61,7 +61,7 @@ class Backend:
     tokenizer: Any = None
     chat_template: str | None = None
     completion_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    kv_events: str | None = None  # the server's KV-events PUB endpoint, for agentkv.ledger (e.g. tcp://host:5557)
+    kv_events: str | None = None  # the server's KV-events PUB endpoint, for agentkv.cache_ledger (e.g. tcp://host:5557)
     kv_events_replay: str | None = None  # its replay endpoint (vLLM's replay_endpoint), to repair gaps
 
     def __post_init__(self) -> None:

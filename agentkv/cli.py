@@ -13,12 +13,12 @@ import sys
 from typing import Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("agentkv.local.server.serve_cli", "serve an embedded model over vLLM's OpenAI-compatible API"),
+    "serve": ("agentkv.embedded.server.serve_cli", "serve an embedded model over vLLM's OpenAI-compatible API"),
     "demo": ("agentkv.demo", "run the fast/slow ReAct demo on two embedded servers"),
     "calibrate": ("agentkv.handoff.cli", "fit a cross-model KV mapper"),
     "evaluate": ("agentkv.handoff.cli", "evaluate a saved KV mapper"),
     "bench": ("agentkv.handoff.cli", "benchmarks: `agentkv bench handoff`"),
-    "train-family": ("agentkv.local.family.cli", "train a small/large model family on the Python stdlib (CPU)"),
+    "train-family": ("agentkv.embedded.family.cli", "train a small/large model family on the Python stdlib (CPU)"),
     "gateway": ("agentkv.gateway.cli", "an OpenAI-compatible gateway routing between a fast and a slow backend"),
 }
 

@@ -168,7 +168,7 @@ def embedded_servers(
     Yields ``(fast_server, slow_server)``; each has ``api_base``, ``model_id`` and ``backend()``, and keeps its
     last 10,000 requests in ``requests`` for the test to inspect (``request_log=0`` keeps none).
     """
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     server_kwargs.setdefault("request_log", 10_000)
     fast = LocalServer.from_size(fast_size, window=fast_window, **server_kwargs)

@@ -17,9 +17,9 @@ import time
 
 import httpx
 
-from agentkv.local.engine.grammar import GrammarSpec
-from agentkv.local.engine.sampling import SamplingParams
-from agentkv.local.server import LocalServer
+from agentkv.embedded.engine.grammar import GrammarSpec
+from agentkv.embedded.engine.sampling import SamplingParams
+from agentkv.embedded.server import LocalServer
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"}}},
           "required": ["notes"]}
@@ -47,7 +47,7 @@ def mask_ms(grammar: object, output: list[int], vocab: int, reps: int) -> float:
     """Median milliseconds per token for the grammar alone: mask a [vocab] row and accept, replaying ``output``."""
     import torch
 
-    from agentkv.local.engine.models import intra_op_threads
+    from agentkv.embedded.engine.models import intra_op_threads
 
     samples = []
     for _ in range(reps):

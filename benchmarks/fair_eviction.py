@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import structlog
 
-from agentkv.local.engine import LocalEngine
-from agentkv.local.server import LocalServer
+from agentkv.embedded.engine import LocalEngine
+from agentkv.embedded.server import LocalServer
 
 B_SYSTEM = "You are tenant B's code reviewer. Cite the file and the line for every claim, and be brief. " * 3
 A_SYSTEM = "You are tenant A's batch summariser: one line per log entry, no commentary. "

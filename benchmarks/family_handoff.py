@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=65536)
     parser.add_argument("--decode-tokens", type=int, default=32)
     args = parser.parse_args(argv)
-    from agentkv.local.family import FamilyPaths, family_root, resolve_recipe
+    from agentkv.embedded.family import FamilyPaths, family_root, resolve_recipe
 
     family = Path(args.family) if args.family else family_root(resolve_recipe(args.recipe))
     rows = []

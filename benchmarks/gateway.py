@@ -1,7 +1,7 @@
 """What ``agentkv gateway`` costs: direct to the backend vs through the gateway, side by side in one run.
 
 Backends: two embedded servers (``agentkv serve --size tiny``, each in its own process, as vLLM would be) and
-real vLLM: the dev pair when it answers on 127.0.0.1:18001/18002 (``python -m agentkv.vllm_cpu``), else, with
+real vLLM: the dev pair when it answers on 127.0.0.1:18001/18002 (``python -m agentkv.vllm_launch``), else, with
 ``--start-vllm``, a pair started here on the backends' cores. The gateway is ``agentkv gateway`` in a process
 of its own (one worker). The client is this process.
 
@@ -329,7 +329,7 @@ def held(root: str) -> int:
 def own_vllm_pair() -> Iterator[tuple[str, str, str, str]]:
     """The tier's two real vLLM servers started here (``--start-vllm``), on the backends' cores like the embedded
     ones (this process's affinity, which they inherit, and their compute threads bound there too)."""
-    from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv, start_all
+    from agentkv.vllm_launch import VLLMServer, ensure_models, ensure_venv, start_all
 
     python, models = ensure_venv(), ensure_models()
     bind = ",".join(str(cpu) for cpu in sorted(BACKEND_CPUS)) if BACKEND_CPUS else "nobind"

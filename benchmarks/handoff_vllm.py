@@ -1,6 +1,6 @@
 """Cross-model KV handoff on real vLLM servers: escalation TTFT cold (replay), mapped and warm-ahead, and quality.
 
-Two vLLM 0.32 CPU servers run the tier's checkpoints (agentkv.vllm_cpu) with AgentKVConnector: fast (2 layers)
+Two vLLM 0.32 CPU servers run the tier's checkpoints (agentkv.vllm_launch) with AgentKVConnector: fast (2 layers)
 exports, slow (4 layers) maps with a fast -> slow ridge mapper calibrated on the tier's checkpoints and loads.
 For each length the same escalated request (a prefix fast has just served plus a ~100-token tail) goes to slow
 three ways, side by side in one run:
@@ -53,7 +53,7 @@ def main() -> None:
         return
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     from agentkv.handoff.calibrated import ensure_calibrated
-    from agentkv.vllm_cpu import ensure_models
+    from agentkv.vllm_launch import ensure_models
 
     models = ensure_models()
     mapper = ensure_calibrated(models.fast, models.slow, models.root / "mappers")
@@ -70,7 +70,7 @@ class Pair:
     """The two running servers, their log files and the handoff's identity."""
 
     def __init__(self, fast: Any, slow: Any, mapper: Path) -> None:
-        from agentkv.vllm import mapper_digest
+        from agentkv.vllm_plugin import mapper_digest
 
         self.fast, self.slow, self.mapper, self.mapper_id = fast, slow, mapper, mapper_digest(mapper)
 
@@ -80,8 +80,8 @@ def connector_pair(models: Any, mapper: Path, *, window: int) -> Any:
     import contextlib
     import tempfile
 
-    from agentkv.vllm import connector_config, connector_pythonpath
-    from agentkv.vllm_cpu import VLLMServer, ensure_venv, start_all
+    from agentkv.vllm_plugin import connector_config, connector_pythonpath
+    from agentkv.vllm_launch import VLLMServer, ensure_venv, start_all
 
     @contextlib.contextmanager
     def pair() -> Any:
@@ -139,7 +139,7 @@ def connector_times(log: Path, export_id: str) -> dict[str, float]:
 
 def once(pair: Pair, length: int) -> dict[str, Any]:
     """One prefix of ``length`` tokens escalated cold, mapped and warm."""
-    from agentkv.vllm import export_params, export_result, handoff_salt, import_params, import_result
+    from agentkv.vllm_plugin import export_params, export_result, handoff_salt, import_params, import_result
 
     prefix = [{"role": "user", "content": text_of(length, pair.fast.root)}]
     escalated = prefix + [{"role": "assistant", "content": "noted"}, {"role": "user", "content": text_of(100)}]

@@ -22,8 +22,8 @@ import tracemalloc
 import msgspec
 
 from agentkv.backends import Backend
-from agentkv.ledger import BlockTree, CacheLedger
-from agentkv.local.server.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+from agentkv.cache_ledger import BlockTree, CacheLedger
+from agentkv.embedded.server.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
 
 BLOCK = 16
 

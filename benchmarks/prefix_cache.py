@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from agentkv.local.engine import LocalEngine
+from agentkv.embedded.engine import LocalEngine
 
 
 @dataclass(frozen=True)

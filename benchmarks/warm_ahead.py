@@ -14,9 +14,9 @@ last turn fast answered: it prefills the same ~1-turn tail on top of its own cac
 runs' identical turn), escalated TTFT / cold, warms sent, and the tokens slow prefilled for them.
 
     python benchmarks/warm_ahead.py                   # embedded, then real vLLM when the tier's venv exists
-    python benchmarks/warm_ahead.py --engine vllm     # real vLLM 0.32 CPU servers only (agentkv.vllm_cpu)
+    python benchmarks/warm_ahead.py --engine vllm     # real vLLM 0.32 CPU servers only (agentkv.vllm_launch)
 
-On real vLLM the pair is the tier's checkpoints (agentkv.vllm_cpu.models) at the same windows, slow publishing
+On real vLLM the pair is the tier's checkpoints (agentkv.vllm_launch.models) at the same windows, slow publishing
 KV events on bind endpoints; the embedded run takes about 6 minutes on 2 CPU cores.
 """
 
@@ -66,7 +66,7 @@ def _engines(choice: str | None) -> tuple[str, ...]:
         return (choice,)
     if choice == "both":
         return ("embedded", "vllm")
-    from agentkv.vllm_cpu import venv_python
+    from agentkv.vllm_launch import venv_python
 
     return ("embedded", "vllm") if venv_python() is not None else ("embedded",)
 

@@ -43,7 +43,7 @@ import structlog
 
 from agentkv import Backend, RoutePolicy, Session, WarmAheadPolicy
 from agentkv.demo.script import TOOLS, ScriptedAgent
-from agentkv.local.server import LocalServer
+from agentkv.embedded.server import LocalServer
 from agentkv.testing import FakeClock
 from agentkv.warm import CooldownMap, InFlightLimit
 
@@ -160,7 +160,7 @@ def event_policy(args: argparse.Namespace) -> WarmAheadPolicy:
 
 def eviction(args: argparse.Namespace) -> dict[str, str]:
     """The slow engine's eviction order (vLLM's LRU by default), on builds whose engine has a choice."""
-    from agentkv.local.engine import LocalEngine
+    from agentkv.embedded.engine import LocalEngine
 
     return {"eviction_policy": args.eviction} if "eviction_policy" in inspect.signature(LocalEngine).parameters else {}
 
@@ -238,7 +238,7 @@ class Mode:
             server.engine.reset_prefix_cache()
         self.fast_b, self.slow_b = backends(self.fast, self.slow, self.ledger)
         if self.ledger:
-            from agentkv.ledger import CacheLedger
+            from agentkv.cache_ledger import CacheLedger
 
             self._cache_ledger = CacheLedger([self.slow_b]).start()
             self._extra["ledger"] = self._cache_ledger

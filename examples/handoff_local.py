@@ -27,7 +27,7 @@ from agentkv.warm import CooldownMap
 
 def build_pair(quick: bool):
     from agentkv.handoff.testing import damp_residual_writes, depth_upscaled
-    from agentkv.local.engine.models import build_model
+    from agentkv.embedded.engine.models import build_model
 
     size = "tiny" if quick else "small"
     source = damp_residual_writes(build_model(size, seed=0), 0.1 if quick else 0.05)
@@ -51,8 +51,8 @@ def calibrate_pair(source, target, folder: Path, quick: bool):
 
 
 def escalate(source, target, handoff: str, mapper_dir: Path, floor: float) -> Session:
-    from agentkv.local.engine import LocalEngine
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.engine import LocalEngine
+    from agentkv.embedded.server import LocalServer
 
     fast_server = LocalServer(LocalEngine(source, model_id="family-small", max_model_len=2048))
     slow_server = LocalServer(LocalEngine(target, model_id="family-large", max_model_len=16384))

@@ -2,7 +2,7 @@
 
     python examples/vllm_handoff.py [--quick]
 
-1. Two vLLM 0.32 CPU servers start from the real-vLLM tier's venv and checkpoints (agentkv.vllm_cpu), both with
+1. Two vLLM 0.32 CPU servers start from the real-vLLM tier's venv and checkpoints (agentkv.vllm_launch), both with
    AgentKVConnector and one export store; slow is configured with a fast -> slow ridge mapper, calibrated once on
    the two checkpoints (agentkv.handoff.calibrated) and cached.
 2. A Session with ``Handoff("ridge", mapper=DIR, via="vllm")`` runs a conversation whose second turn outgrows
@@ -36,8 +36,8 @@ from agentkv.warm import CooldownMap
 @contextlib.contextmanager
 def connector_servers(mapper: Path) -> Iterator[tuple[Any, Any]]:
     """Fast (2048-token window) and slow (8192) real vLLM servers with AgentKVConnector and one store."""
-    from agentkv.vllm import connector_config, connector_pythonpath
-    from agentkv.vllm_cpu import VLLMServer, ensure_models, ensure_venv, start_all
+    from agentkv.vllm_plugin import connector_config, connector_pythonpath
+    from agentkv.vllm_launch import VLLMServer, ensure_models, ensure_venv, start_all
 
     python, models, store = ensure_venv(quiet=False), ensure_models(), Path(tempfile.mkdtemp(prefix="agentkv-kv-"))
     env = {"PYTHONPATH": str(connector_pythonpath())}
@@ -80,7 +80,7 @@ def escalate(fast: Any, slow: Any, handoff: Any, turns: int) -> tuple[Session, f
 def external_tokens(server: Any) -> int:
     import httpx
 
-    from agentkv.vllm.metrics import EXTERNAL, prompt_tokens_by_source
+    from agentkv.vllm_plugin.metrics import EXTERNAL, prompt_tokens_by_source
 
     return prompt_tokens_by_source(httpx.get(server.root + "/metrics", timeout=10.0).text).get(EXTERNAL, 0)
 
@@ -95,7 +95,7 @@ def main() -> int:
     from agentkv.handoff import DEFAULT_MIN_ATTENTION_COSINE, choose_handoff
     from agentkv.handoff.calibrated import ensure_calibrated
     from agentkv.handoff.served import MapperSummary
-    from agentkv.vllm_cpu import ensure_models
+    from agentkv.vllm_launch import ensure_models
 
     models = ensure_models()
     mapper = ensure_calibrated(models.fast, models.slow, models.root / "mappers")

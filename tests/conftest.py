@@ -24,7 +24,7 @@ def fresh_estimate_bounds(monkeypatch):
 @pytest.fixture(scope="session")
 def servers():
     """Two embedded vLLM-compatible servers (tiny models): fast with a 2048 window, slow with 16384."""
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     fast = LocalServer.from_size("tiny", window=2048, model_id="fast-tiny", request_log=10_000)
     slow = LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1, request_log=10_000)

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.embedded.server import LocalServer  # noqa: E402
 
 MODEL = "conf-chat"
 MESSAGES = [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "what is 1+1?"}]

@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.embedded.server import LocalServer  # noqa: E402
 
 MODEL = "conf-server"
 PROMPT = "Hello my name is Robert and I love magic"

@@ -17,7 +17,7 @@ pytest.importorskip("xgrammar")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.embedded.server import LocalServer  # noqa: E402
 
 MODEL = "conf-structured"
 MESSAGES = [{"role": "user", "content": "Give me an employee profile."}]
@@ -100,7 +100,7 @@ def test_free_form_schema_closes_within_budget(client, seed):
 
 def test_bound_schema_only_narrows():
     """bound_schema adds maxLength/maxItems/number bounds where absent and keeps the schema's own."""
-    from agentkv.local.engine.grammar import bound_schema
+    from agentkv.embedded.engine.grammar import bound_schema
 
     bounded = bound_schema(PROFILE)
     props = bounded["properties"]

@@ -13,8 +13,8 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 from pydantic import ValidationError  # noqa: E402
 
-from agentkv.local.server.requests import ChatCompletionRequest  # noqa: E402
-from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.embedded.server.requests import ChatCompletionRequest  # noqa: E402
+from agentkv.embedded.server import LocalServer  # noqa: E402
 
 MODEL = "conf-validation"
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -170,8 +170,8 @@ DOUBLING_TEMPLATE = CHATML_TOOLS_TEMPLATE.replace("(message.content or '')",
 
 @pytest.fixture(scope="module")
 def doubling_server():
-    from agentkv.local.engine.codec import TiktokenCodec
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.engine.codec import TiktokenCodec
+    from agentkv.embedded.server import LocalServer
 
     assert DOUBLING_TEMPLATE != CHATML_TOOLS_TEMPLATE
     with LocalServer.from_size("tiny", window=4096, model_id="doubling-tiny",

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from agentkv.local.family.tokenizer import train_tokenizer
+from agentkv.embedded.family.tokenizer import train_tokenizer
 from agentkv.tokens import CountUnavailable, Payload, TemplateSource
 from agentkv.tokens.content_format import detect_content_format, references_field
 from agentkv.tokens.conversation import vllm_conversation, vllm_tools
-from agentkv.vllm_cpu import CHAT_TEMPLATE
+from agentkv.vllm_launch import CHAT_TEMPLATE
 
 # Each template with the format vLLM 0.32's renderers.hf._detect_content_format gave it (checked in its venv).
 DETECTED = {

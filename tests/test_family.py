@@ -12,8 +12,8 @@ httpx = pytest.importorskip("httpx")
 
 from agentkv.cli import build_parser, main  # noqa: E402
 from agentkv.handoff import choose_handoff, load_mapper  # noqa: E402
-from agentkv.local.family import RECIPES, ensure_family, members  # noqa: E402
-from agentkv.local.family.corpus import split_corpus, stdlib_files  # noqa: E402
+from agentkv.embedded.family import RECIPES, ensure_family, members  # noqa: E402
+from agentkv.embedded.family.corpus import split_corpus, stdlib_files  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_different_tokenizer_pair_is_refused(family, tmp_path):
 
 def test_a_trained_member_serves_chat(family):
     """`agentkv serve --model DIR/small` names the checkpoint, and the server answers a chat request from it."""
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     args = build_parser("serve").parse_args(["serve", "--model", str(family.small)])
     assert args.model_path == str(family.small)
@@ -111,7 +111,7 @@ def test_corpus_halves_are_disjoint_and_ordered():
 def test_the_demo_runs_on_the_trained_family(family, tmp_path, monkeypatch):
     """`agentkv demo --trained micro` serves the cached family (no retraining) and escalates onto a warm cache."""
     from agentkv.demo import runs
-    from agentkv.local.family import family_root, resolve_recipe
+    from agentkv.embedded.family import family_root, resolve_recipe
 
     monkeypatch.setenv("AGENTKV_CACHE_DIR", str(tmp_path))
     cached = family_root(resolve_recipe("micro"))

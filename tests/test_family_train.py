@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentkv.handoff.signature import ModelSignature  # noqa: E402
-from agentkv.local.family import RECIPES, members  # noqa: E402
-from agentkv.local.family.train import TrainPlan, batch_at, new_model, train  # noqa: E402
+from agentkv.embedded.family import RECIPES, members  # noqa: E402
+from agentkv.embedded.family.train import TrainPlan, batch_at, new_model, train  # noqa: E402
 
 PLAN = TrainPlan(steps=4, batch_size=2, seq_len=8, lr=1e-2, seed=5, save_every=2)
 STREAM = torch.arange(200) % 31
@@ -94,11 +94,11 @@ def test_signature_compares_tokenizers_only_when_both_name_one():
 
 
 def test_importing_the_family_package_does_not_import_torch():
-    """`import agentkv.local.family` stays cheap: torch, transformers and tokenizers load when training starts."""
+    """`import agentkv.embedded.family` stays cheap: torch, transformers and tokenizers load when training starts."""
     import subprocess
     import sys
 
-    code = ("import sys, agentkv.local.family; "
+    code = ("import sys, agentkv.embedded.family; "
             "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

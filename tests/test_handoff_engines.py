@@ -10,8 +10,8 @@ from agentkv.handoff import CalibrationConfig, calibrate, create_mapper, handoff
 from agentkv.handoff.builtins import IdentityMapper
 from agentkv.handoff.models import signature_of
 from agentkv.handoff.testing import random_sequences, torch_threads
-from agentkv.local.engine import LocalEngine
-from agentkv.local.engine.models import build_model
+from agentkv.embedded.engine import LocalEngine
+from agentkv.embedded.engine.models import build_model
 
 
 @pytest.fixture(autouse=True, scope="module")

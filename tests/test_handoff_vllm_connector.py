@@ -15,18 +15,18 @@ from agentkv.handoff.mapping import MapGeometry
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import ModelSignature, SignaturePair
 from agentkv.handoff.testing import torch_threads
-from agentkv.vllm import (
+from agentkv.vllm_plugin import (
     connector_config, export_params, export_result, handoff_salt, import_params, mapper_digest, parse_request,
     salt_digest,
 )
-from agentkv.vllm.decide import ImportInputs, MapperEntry, plan_import
-from agentkv.vllm.jobs import LoadJob
-from agentkv.vllm.metrics import prompt_tokens_by_source
+from agentkv.vllm_plugin.decide import ImportInputs, MapperEntry, plan_import
+from agentkv.vllm_plugin.jobs import LoadJob
+from agentkv.vllm_plugin.metrics import prompt_tokens_by_source
 from agentkv.wire.kv_transfer import import_result
-from agentkv.vllm.paged import PagedLayout
-from agentkv.vllm.scheduler import SchedulerSide
-from agentkv.vllm.store import ExportError, ExportManifest, ExportStore, Lookup, evictions, export_id
-from agentkv.vllm.worker import WorkerSide
+from agentkv.vllm_plugin.paged import PagedLayout
+from agentkv.vllm_plugin.scheduler import SchedulerSide
+from agentkv.vllm_plugin.store import ExportError, ExportManifest, ExportStore, Lookup, evictions, export_id
+from agentkv.vllm_plugin.worker import WorkerSide
 
 HEADS, BLOCK, DIM, LAYERS = 2, 4, 8, 2
 FAST = ModelSignature(LAYERS, HEADS, DIM, 1e6, (("rope_type", "default"),), "/m/fast")
@@ -124,7 +124,7 @@ def test_mapper_digest_changes_with_the_weights(tmp_path):
 def test_connector_config_recomputes_failed_loads():
     """The config helper names the connector's module and asks vLLM to re-prefill a failed load."""
     config = connector_config("/s", mappers={"fast": "/m"})
-    assert config["kv_connector_module_path"] == "agentkv.vllm.connector"
+    assert config["kv_connector_module_path"] == "agentkv.vllm_plugin.connector"
     assert config["kv_load_failure_policy"] == "recompute"
     assert config["kv_connector_extra_config"] == {"store": "/s", "mappers": {"fast": "/m"}}
 
@@ -138,8 +138,8 @@ def test_prompt_tokens_by_source_reads_vllms_counter():
 
 
 def test_importing_agentkv_vllm_imports_neither_vllm_nor_torch():
-    """``agentkv.vllm`` (what the Session uses) stays free of vLLM and torch; only its connector module needs them."""
-    code = "import sys, agentkv, agentkv.vllm; print('vllm' in sys.modules, 'torch' in sys.modules)"
+    """``agentkv.vllm_plugin`` (what the Session uses) stays free of vLLM and torch; only its connector module needs them."""
+    code = "import sys, agentkv, agentkv.vllm_plugin; print('vllm' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
 
@@ -342,7 +342,7 @@ def worker(store: ExportStore, layers: int, mappers: dict[str, str] | None = Non
 
 
 def export_from(fast: WorkerSide, tmp_store: ExportStore, tokens: list[int], blocks: list[int]) -> ExportManifest:
-    from agentkv.vllm.jobs import ExportJob
+    from agentkv.vllm_plugin.jobs import ExportJob
 
     keys = torch.randn(len(tokens), HEADS, DIM)
     for cache, writer in fast.layers:

@@ -12,7 +12,7 @@ from agentkv import Handoff
 from agentkv.errors import ConfigurationError
 from agentkv.handoff.served import MapperSummary, cold_reason
 from agentkv.testing import FakeHttp, capture_events, models_answer
-from agentkv.vllm import handoff_salt, mapper_digest
+from agentkv.vllm_plugin import handoff_salt, mapper_digest
 from agentkv.warm import CooldownMap
 
 EXPORT_ID = "ab" * 16

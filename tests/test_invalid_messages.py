@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from agentkv import Backend, InvalidRequestError, Session
 from agentkv._session.inputs import check_messages, tool_call_id_required
 from agentkv.errors import AgentKVError
-from agentkv.local.family.tokenizer import train_tokenizer
+from agentkv.embedded.family.tokenizer import train_tokenizer
 from agentkv.testing import FakeHttp, models_answer
 from agentkv.tokens import TokenCount
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE
-from agentkv.vllm_cpu import CHAT_TEMPLATE
+from agentkv.vllm_launch import CHAT_TEMPLATE
 from malformed_messages import CALL, MALFORMED, USER
 
 class Spy:

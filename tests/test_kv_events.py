@@ -13,10 +13,10 @@ msgspec = pytest.importorskip("msgspec")
 httpx = pytest.importorskip("httpx")
 
 from agentkv.errors import ConfigurationError  # noqa: E402
-from agentkv.local.engine import LocalEngine  # noqa: E402
-from agentkv.local.server.kv_events import KVEventsConfig, external_hash  # noqa: E402
-from agentkv.local.engine.models import build_model  # noqa: E402
-from agentkv.local.server import LocalServer  # noqa: E402
+from agentkv.embedded.engine import LocalEngine  # noqa: E402
+from agentkv.embedded.server.kv_events import KVEventsConfig, external_hash  # noqa: E402
+from agentkv.embedded.engine.models import build_model  # noqa: E402
+from agentkv.embedded.server import LocalServer  # noqa: E402
 
 MODEL_ID = "agentkv-tiny-events"
 MESSAGES = [{"role": "system", "content": "You are a careful agent. " * 12}, {"role": "user", "content": "Go."}]
@@ -278,7 +278,7 @@ def test_serve_cli_takes_vllms_flag():
     """`agentkv serve --kv-events-config JSON` builds a server that publishes where the JSON says."""
     import argparse
 
-    from agentkv.local.server import serve_cli
+    from agentkv.embedded.server import serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)

@@ -50,7 +50,7 @@ def test_exported_members_are_pinned():
 
 def test_import_is_cheap():
     """`import agentkv` loads neither litellm, torch, transformers nor langchain."""
-    code = ("import sys, agentkv, agentkv.local, agentkv.handoff, agentkv.integrations; "
+    code = ("import sys, agentkv, agentkv.embedded, agentkv.handoff, agentkv.integrations; "
             "print(sorted(m for m in ('litellm', 'torch', 'transformers', 'langchain_core') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

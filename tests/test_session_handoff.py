@@ -5,9 +5,9 @@ import pytest
 from agentkv import Backend, Session, WindowDiscovery
 from agentkv.handoff import CalibrationConfig, calibrate
 from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random_sequences, torch_threads
-from agentkv.local.engine import LocalEngine
-from agentkv.local.engine.models import build_model
-from agentkv.local.server import LocalServer, engine_at
+from agentkv.embedded.engine import LocalEngine
+from agentkv.embedded.engine.models import build_model
+from agentkv.embedded.server import LocalServer, engine_at
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv import Handoff
 from agentkv.warm import CooldownMap

@@ -69,8 +69,8 @@ httpx = pytest.importorskip("httpx")
 @pytest.fixture(scope="module")
 def rig():
     """fast (2048-token window) and slow (16384, publishing KV events), and a ledger following slow."""
-    from agentkv.ledger import CacheLedger
-    from agentkv.local.server import LocalServer
+    from agentkv.cache_ledger import CacheLedger
+    from agentkv.embedded.server import LocalServer
 
     events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
     fast = LocalServer.from_size("tiny", window=2048, model_id="ev-fast", request_log=10_000)
@@ -238,7 +238,7 @@ async def test_the_async_event_aware_path_makes_no_sync_http_call():
     decision to the cooldown (one warm, no top-ups)."""
     from test_http_seam import SLOW, Answers, make_session, turns as seam_turns, vllm_like
 
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
     from agentkv.testing import FakeHttp
 
     http = FakeHttp(vllm_like)
@@ -262,7 +262,7 @@ async def test_the_async_event_aware_path_makes_no_sync_http_call():
 
 def test_a_stopped_ledger_hands_the_decision_back_to_the_cooldown(rig):
     """Once its ledger stops, a session sends no top-up or re-warm from the stale tree, and predicts nothing."""
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
 
     history, policy = turns(7, words=40), WarmAheadPolicy(top_up_tokens=128)
     slow = rig["backends"][1]
@@ -286,7 +286,7 @@ def test_a_stopped_ledger_hands_the_decision_back_to_the_cooldown(rig):
 
 def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
     """A ledger with an injected (monotonic) clock still predicts exactly: sends are stamped in the publisher's time."""
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
 
     history = [[{"role": "system", "content": SYSTEM * 100}, {"role": "user", "content": "Clock."}]]
     history.append(history[-1] + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Again."}])
@@ -305,8 +305,8 @@ def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
 
 def test_a_warm_the_ledger_never_showed_leaves_no_baseline_for_top_ups():
     """A live ledger that stops hearing from the server mid-warm gives no top-up baseline; one that shows the warm does."""
-    from agentkv.ledger import CacheLedger
-    from agentkv.local.server.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+    from agentkv.cache_ledger import CacheLedger
+    from agentkv.embedded.server.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
     from agentkv.warm.aware import SlowResidency
 
     def stored(hashes, parent, tokens, extra):
@@ -352,7 +352,7 @@ def test_event_aware_warms_waiting_on_a_silent_ledger_leave_pool_workers_for_oth
     workers, so another session's plain warm still goes out."""
     from test_http_seam import SLOW, Answers, make_session, turns as seam_turns, vllm_like
 
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
     from agentkv.testing import FakeHttp
 
     http = FakeHttp(vllm_like)
@@ -378,7 +378,7 @@ def test_event_aware_warms_waiting_on_a_silent_ledger_leave_pool_workers_for_oth
 def test_a_namesake_backend_on_another_server_is_not_followed():
     """The ledger follows a backend by name and server: a Session's slow of the same name elsewhere gets no
     event-aware warms or predictions from the other server's tree."""
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
 
     followed = Backend("hosted_vllm/m", api_base="http://10.0.0.1:8000/v1", name="slow", kv_events="tcp://10.0.0.1:5557")
     elsewhere = Backend("hosted_vllm/m", api_base="http://10.0.0.2:8000/v1", name="slow")
@@ -391,8 +391,8 @@ def test_a_namesake_backend_on_another_server_is_not_followed():
 def test_a_touched_block_ranks_warmer_whatever_clock_the_ledger_was_given():
     """touch() stamps blocks in the publishers' time, so with an injected (monotonic) ledger clock a block just
     read still ranks warmer than one stored earlier and never read."""
-    from agentkv.ledger import CacheLedger
-    from agentkv.local.server.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
+    from agentkv.cache_ledger import CacheLedger
+    from agentkv.embedded.server.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
 
     publisher = ZmqEventPublisher(endpoint="tcp://127.0.0.1:*")
     backend = Backend("hosted_vllm/s", api_base="http://127.0.0.1:9/v1", name="ranked", kv_events=publisher.endpoint)

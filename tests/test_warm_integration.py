@@ -112,7 +112,7 @@ def test_unknown_served_model_skips_warm(fresh):
 
 def test_slow_down_leaves_turns_unaffected_and_counts_failure(fresh):
     """A slow server that dies after discovery leaves the user's turns answered and counts the failed warm."""
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     doomed = LocalServer.from_size("tiny", window=16384, model_id="doomed").start()
     slow = Backend("hosted_vllm/doomed", api_base=doomed.api_base, name="slow")

@@ -40,7 +40,7 @@ from agentkv.warm.aware import SlowResidency
 from agentkv.warm.sender import BackgroundJobs, WarmAhead
 
 if TYPE_CHECKING:
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 

@@ -50,7 +50,7 @@ class Session(SendsOutside):
     ``request_timeout_s`` bounds each attempt of a request (a call's own ``timeout=`` wins; None: the
     client's default, litellm's being 6,000 s). ``clock`` (``time.monotonic`` by default) times the turns the
     warm-ahead break-even gate sees (``WarmAheadPolicy(break_even=True)``).
-    ``ledger`` (a started :class:`~agentkv.ledger.CacheLedger`): when it follows the slow backend, warm-ahead
+    ``ledger`` (a started :class:`~agentkv.cache_ledger.CacheLedger`): when it follows the slow backend, warm-ahead
     is event-aware (skips a resident prefix, re-warms an evicted one, tops up a growing tail; see
     ``docs/warm-ahead.md``), and every request to a backend it follows records the ledger's prediction
     against the ``cached_tokens`` reported (``ledger_predictions*`` in :meth:`stats`).

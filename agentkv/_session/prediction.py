@@ -1,6 +1,6 @@
 """The ledger's prediction for each request, checked against the ``cached_tokens`` its response reports.
 
-A request to a backend the Session's :class:`~agentkv.ledger.CacheLedger` follows is stamped with the
+A request to a backend the Session's :class:`~agentkv.cache_ledger.CacheLedger` follows is stamped with the
 publishers' clock (``time.time()``, as vLLM stamps event batches) when it is planned (``Attempt.sent_at``).
 After the answer, off the request path, the
 backend's token ids for the prompt are fetched (its ``/tokenize``, or a template declared for it: the
@@ -26,7 +26,7 @@ from agentkv.tokens import Payload, TokenCounter
 from agentkv.warm.sender import BackgroundJobs
 
 if TYPE_CHECKING:
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
 
 __all__ = ["Prediction", "schedule_prediction"]
 

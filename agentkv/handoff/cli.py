@@ -6,7 +6,7 @@ torch and transformers are imported inside the ``run_*`` functions, so ``agentkv
     agentkv evaluate mappers/small-large [--corpus more-text/]
     agentkv bench handoff [--lengths 512,2048,8192] [--gpu]
 
-A SPEC is an embedded model size (``tiny``/``small``/``large``, built by ``agentkv.local.engine.models``) or a
+A SPEC is an embedded model size (``tiny``/``small``/``large``, built by ``agentkv.embedded.engine.models``) or a
 checkpoint folder.
 """
 

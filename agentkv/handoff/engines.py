@@ -1,6 +1,6 @@
 """Handoff between two local engines: map the source's cached prefix into the target's prefix cache.
 
-The engines need two methods (``agentkv.local``'s engine has them)::
+The engines need two methods (``agentkv.embedded``'s engine has them)::
 
     engine.cached_prefix_kv(token_ids, cache_salt=None) -> (n_tokens, keys_per_layer, values_per_layer)
     engine.install_prefix_kv(token_ids, keys, values, cache_salt=None) -> int | None  # tokens installed

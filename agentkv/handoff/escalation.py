@@ -8,7 +8,7 @@ a signature mismatch) falls back to ``replay`` -- the slow engine prefills the t
 logged reason. A handoff never fails the request.
 
 With ``Handoff(..., via="vllm")`` the two backends are vLLM servers running
-:class:`~agentkv.vllm.connector.AgentKVConnector` (the slow one configured with the same mapper folder under
+:class:`~agentkv.vllm_plugin.connector.AgentKVConnector` (the slow one configured with the same mapper folder under
 ``mapper_name``). At an escalation that would otherwise be cold (no warm-ahead reached slow, or the ledger shows
 it evicted), fast exports the conversation's prefix, the gate reads the mapper's held-out figures, and the
 escalated request names the export under the handoff salt; slow maps and loads it. The export a request names
@@ -91,7 +91,7 @@ class Handoff:
             if attempt is None or http is None:
                 return self._fallback("a vLLM handoff needs the escalated request and an HTTP transport")
             return self._via_connector(fast, attempt, previous or payload, cache_salt, warm, http)
-        from agentkv.local.server import engine_at
+        from agentkv.embedded.server import engine_at
 
         engines = engine_at(fast.api_base), engine_at(slow.api_base)
         if None in engines:

@@ -46,14 +46,14 @@ def model_device(model: Any) -> Any:
 def load_spec(spec: str, *, device: str = "cpu", dtype: Any = None, seed: int = 0) -> tuple[Any, Any]:
     """A model SPEC -> ``(model, codec)``: an embedded size (``small``/``large``) or a checkpoint folder.
 
-    The codec (``agentkv.local.engine.codec``) turns corpus text into the model's token ids.
+    The codec (``agentkv.embedded.engine.codec``) turns corpus text into the model's token ids.
     """
-    from agentkv.local.engine import codec as codecs
-    from agentkv.local.engine import models
+    from agentkv.embedded.engine import codec as codecs
+    from agentkv.embedded.engine import models
 
     if spec in EMBEDDED_SIZES:
         model, codec = models.build_model(spec, seed=seed, dtype=dtype), codecs.TiktokenCodec()
-        if not getattr(model.config, "_name_or_path", ""):  # keep agentkv.local's id if it ever sets one
+        if not getattr(model.config, "_name_or_path", ""):  # keep agentkv.embedded's id if it ever sets one
             model.config._name_or_path = f"agentkv-embedded-{spec}-seed{seed}"
         return model.to(device), codec
     model, tokenizer = models.load_model(spec)

@@ -1,4 +1,4 @@
-"""Handoff between two served vLLM models through :class:`~agentkv.vllm.connector.AgentKVConnector`: the client's
+"""Handoff between two served vLLM models through :class:`~agentkv.vllm_plugin.connector.AgentKVConnector`: the client's
 half, as pure functions of plain data (the Session's escalation step does the two HTTP calls).
 
 At an escalation that would otherwise be cold, the Session asks fast to export the conversation's prefix (a

@@ -22,7 +22,7 @@ class ModelSignature:
     ``rope_scaling`` holds the rope parameters other than ``rope_theta`` (``rope_type`` included) as
     sorted ``(key, value)`` pairs, so the signature stays hashable and compares exactly. ``model_id``
     is informative; it is compared only when both sides name one. ``tokenizer`` is a fingerprint of
-    the vocabulary (``config.tokenizer_fingerprint``, set by ``agentkv.local.engine.models.load_model``): two
+    the vocabulary (``config.tokenizer_fingerprint``, set by ``agentkv.embedded.engine.models.load_model``): two
     caches built from different token ids never match, so it too is compared when both sides name one.
 
         ModelSignature(num_layers=40, kv_heads=8, head_dim=128, rope_theta=1e6, model_id="Qwen/Qwen3-14B")

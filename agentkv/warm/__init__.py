@@ -11,7 +11,7 @@ server's prefix cache then holds the conversation when escalation comes.
 - :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send;
 - :mod:`agentkv.warm.events`: event-aware mode's pure :func:`decide_event_warm` over a :class:`Residency`
   (skip a resident prefix, re-warm an evicted one, top up a growing tail), read by
-  :mod:`agentkv.warm.aware` from a :class:`~agentkv.ledger.CacheLedger`.
+  :mod:`agentkv.warm.aware` from a :class:`~agentkv.cache_ledger.CacheLedger`.
 """
 
 from agentkv.warm.economics import Forecast, TurnSample, decide_break_even, forecast_escalation

@@ -5,7 +5,7 @@ counter. Its methods run in a warm's background job, never on a request path: th
 slow server's token ids (its ``/tokenize``, or a template declared for it), read the ledger into a
 :class:`~agentkv.warm.events.Residency`, and remember the prefix this session last warmed. A warm it sent is
 recorded with the ledger like any request (:meth:`SlowResidency.record_warm`): the server's ``/metrics`` count
-its prefix-cache lookup, so :meth:`~agentkv.ledger.CacheLedger.cross_check` must see it too.
+its prefix-cache lookup, so :meth:`~agentkv.cache_ledger.CacheLedger.cross_check` must see it too.
 
     residency = SlowResidency(ledger, slow, cache_salt, counters[slow.label])
     ids, exact = residency.counter.token_ids(payload)
@@ -26,7 +26,7 @@ from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
 from agentkv.warm.policy import WarmAheadPolicy
 
 if TYPE_CHECKING:
-    from agentkv.ledger import CacheLedger
+    from agentkv.cache_ledger import CacheLedger
 
 __all__ = ["SlowResidency"]
 

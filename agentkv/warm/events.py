@@ -1,6 +1,6 @@
 """Event-aware warm-ahead's decision (pure): what the slow server's prefix cache holds decides the warm.
 
-A Session with a :class:`~agentkv.ledger.CacheLedger` that follows its slow backend learns, off the request
+A Session with a :class:`~agentkv.cache_ledger.CacheLedger` that follows its slow backend learns, off the request
 path, the slow server's token ids for the prompt and reads from the ledger how many of them the server holds
 for the tenant's salt. :func:`decide_event_warm` then turns those numbers into one outcome:
 

@@ -1,4 +1,4 @@
-"""The wire format between a client and :class:`~agentkv.vllm.connector.AgentKVConnector`: plain dicts and digests.
+"""The wire format between a client and :class:`~agentkv.vllm_plugin.connector.AgentKVConnector`: plain dicts and digests.
 
 A request asks through its body's ``kv_transfer_params`` (vLLM hands them to the connector untouched)::
 
@@ -13,7 +13,7 @@ tokens vLLM loaded (0 when the export was refused, or its load failed and was re
 Mapped KV loads only under :func:`handoff_salt` of the exporter's salt and the mapper: a salt no ordinary
 request carries, so an exact-prefix request never meets approximate blocks.
 
-Pure functions, standard library only: this module runs inside vLLM's processes (:mod:`agentkv.vllm`) and in the
+Pure functions, standard library only: this module runs inside vLLM's processes (:mod:`agentkv.vllm_plugin`) and in the
 Session's handoff (:mod:`agentkv.handoff`), and sits below both.
 """
 

@@ -2,9 +2,9 @@
 
 The fast server has a 2048-token window, the slow one 8192 and publishes KV events on bind endpoints
 (``tcp://*:P``; a ``127.0.0.1`` endpoint would make vLLM *connect*). Both serve checkpoints built here
-(:mod:`agentkv.vllm_cpu.models`). Installing vLLM or starting a server fails the run in CI (``CI=true``) and
+(:mod:`agentkv.vllm_launch.models`). Installing vLLM or starting a server fails the run in CI (``CI=true``) and
 skips the tier elsewhere. ``AGENTKV_VLLM_REUSE=1`` reuses servers already running on the dev ports below
-(start them with ``python -m agentkv.vllm_cpu`` for a quick edit-test loop).
+(start them with ``python -m agentkv.vllm_launch`` for a quick edit-test loop).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def vllm_python():
     """The tier venv's interpreter (installing vllm-cpu there first, about 90 s, when absent)."""
-    from agentkv.vllm_cpu import ensure_venv
+    from agentkv.vllm_launch import ensure_venv
 
     try:
         return ensure_venv()
@@ -68,7 +68,7 @@ def vllm_python():
 
 @pytest.fixture(scope="session")
 def vllm_models():
-    from agentkv.vllm_cpu import ensure_models
+    from agentkv.vllm_launch import ensure_models
 
     return ensure_models()
 
@@ -94,7 +94,7 @@ def vllm_pair(request):
         return
     python = request.getfixturevalue("vllm_python")
     models = request.getfixturevalue("vllm_models")
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError, free_port, kv_events_config, start_all
+    from agentkv.vllm_launch import VLLMServer, VLLMStartError, free_port, kv_events_config, start_all
 
     events, replay = free_port(), free_port()
     fast = VLLMServer(python, models.fast, window=2048, served_name="fast", threads_bind="0")
@@ -124,7 +124,7 @@ def vllm_slow(vllm_pair):
 @pytest.fixture
 def disposable_fast(vllm_python, vllm_models):
     """A fast server of its own (2048 tokens) that a test may kill; stopped after the test."""
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError
+    from agentkv.vllm_launch import VLLMServer, VLLMStartError
 
     server = VLLMServer(vllm_python, vllm_models.fast, window=2048, served_name="fast", threads_bind="0")
     try:
@@ -148,8 +148,8 @@ def vllm_slow_alone(request, vllm_slow):
         return
     python = request.getfixturevalue("vllm_python")
     models = request.getfixturevalue("vllm_models")
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError
-    from agentkv.vllm_cpu.server import free_port, kv_events_config
+    from agentkv.vllm_launch import VLLMServer, VLLMStartError
+    from agentkv.vllm_launch.server import free_port, kv_events_config
 
     events, replay = free_port(), free_port()
     server = VLLMServer(python, models.slow, window=8192, served_name="slow", threads_bind="nobind",

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentkv.vllm import export_params, export_result, handoff_salt, import_params, mapper_digest
-from agentkv.vllm.metrics import EXTERNAL, prompt_tokens_by_source
+from agentkv.vllm_plugin import export_params, export_result, handoff_salt, import_params, mapper_digest
+from agentkv.vllm_plugin.metrics import EXTERNAL, prompt_tokens_by_source
 
 BLOCK = 128  # the CPU build's block size
 
@@ -47,8 +47,8 @@ def pair(request, tmp_path_factory):
         return
     python = request.getfixturevalue("vllm_python")
     models = request.getfixturevalue("vllm_models")
-    from agentkv.vllm import connector_config, connector_pythonpath
-    from agentkv.vllm_cpu import VLLMServer, VLLMStartError, start_all
+    from agentkv.vllm_plugin import connector_config, connector_pythonpath
+    from agentkv.vllm_launch import VLLMServer, VLLMStartError, start_all
 
     from agentkv.handoff.calibrated import ensure_calibrated
 
@@ -126,7 +126,7 @@ def test_export_matches_transformers_past_key_values(pair, vllm_models):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentkv.vllm.store import ExportStore
+    from agentkv.vllm_plugin.store import ExportStore
 
     messages, salt = _messages(), _salt()
     _chat(pair.fast, "fast", messages, salt=salt, max_tokens=1)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agentkv import Backend, Session
-from agentkv.vllm_cpu import CHAT_TEMPLATE
+from agentkv.vllm_launch import CHAT_TEMPLATE
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city"]}

@@ -1,6 +1,6 @@
 """The embedded server held to real vLLM 0.32: the same requests, valid and invalid, to both, serving one checkpoint.
 
-Each case is sent to the real fast server and to an embedded :class:`~agentkv.local.server.LocalServer` over the
+Each case is sent to the real fast server and to an embedded :class:`~agentkv.embedded.server.LocalServer` over the
 same checkpoint and window (2048). Both must answer with the same status. An error must have the same keys and
 ``type``, ``param`` and message (only status, keys and type for a message failing vLLM's union of message types);
 a success the same top-level, choice and ``usage`` keys, and the same prompt token count. What still differs, and
@@ -182,7 +182,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def embedded(vllm_models):
     """The embedded server over the real fast server's checkpoint, same window and model id."""
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     with LocalServer.from_pretrained(vllm_models.fast, window=WINDOW, model_id="fast") as server:
         yield server
@@ -356,7 +356,7 @@ def frames_signature(events_endpoint: str, replay_endpoint: str, send_request: A
 
 def test_kv_event_frames_are_vllms(vllm_slow, vllm_models):
     """Published batches, replay replies (4 frames to a DEALER) and the end marker are framed as vLLM 0.32's."""
-    from agentkv.local.server import LocalServer
+    from agentkv.embedded.server import LocalServer
 
     config = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*",
               "topic": "kv-events"}

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from agentkv import Backend, Session, WindowDiscovery
-from agentkv.ledger import CacheLedger, Subscription
-from agentkv.ledger.subscriber import EndpointSubscriber
-from agentkv.ledger.tree import BlockTree
+from agentkv.cache_ledger import CacheLedger, Subscription
+from agentkv.cache_ledger.subscriber import EndpointSubscriber
+from agentkv.cache_ledger.tree import BlockTree
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 
 pytest.importorskip("zmq")
