@@ -270,7 +270,7 @@ def test_both_backends_down_is_a_502_in_openai_shape(make_gateway):
 def test_a_failure_inside_the_gateway_is_a_500_in_openai_shape_and_the_next_request_is_served(gateway, monkeypatch):
     """An unexpected error while relaying (here: the Session fails) answers 500 in OpenAI's shape, naming only the
     error's type, and the connection goes on serving."""
-    from agentkv._session.external import SendsOutside
+    from agentkv import Session
 
     def broken(self, body):
         raise RuntimeError("secret prompt text")
@@ -278,8 +278,8 @@ def test_a_failure_inside_the_gateway_is_a_500_in_openai_shape_and_the_next_requ
     with httpx.Client(timeout=60, headers={"authorization": f"Bearer {ACME}"}) as http:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         with monkeypatch.context() as patch:
-            patch.setattr(SendsOutside, "aprepare", broken)
-            patch.setattr(SendsOutside, "presend", lambda self, body: None)
+            patch.setattr(Session, "aprepare", broken)
+            patch.setattr(Session, "presend", lambda self, body: None)
             failed = http.post(gateway.base_url + "/chat/completions", json=body)
         served = http.post(gateway.base_url + "/chat/completions", json=body)
     assert failed.status_code == 500 and no_route_headers(failed)
@@ -398,9 +398,9 @@ def test_short_requests_are_written_before_they_are_counted_and_sent_once(gatewa
 def test_a_presend_the_session_disagrees_with_is_abandoned_and_the_prepared_try_sent(gateway, fresh, monkeypatch):
     """When the prepared try differs from what was written early (here: another budget), the early request is
     abandoned and the prepared one answers."""
-    from agentkv._session.external import SendsOutside
+    from agentkv import Session
 
-    original = SendsOutside.presend
+    original = Session.presend
 
     def stale(self, body):
         early = original(self, body)
@@ -408,7 +408,7 @@ def test_a_presend_the_session_disagrees_with_is_abandoned_and_the_prepared_try_
             early.decision = early.decision.__class__(**{**early.decision.__dict__, "max_tokens": 3})
         return early
 
-    monkeypatch.setattr(SendsOutside, "presend", stale)
+    monkeypatch.setattr(Session, "presend", stale)
     client = openai.OpenAI(base_url=gateway.base_url, api_key=ACME, max_retries=0)
     header = {"x-session-id": f"stale-{uuid.uuid4()}"}
     for n in range(4):

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Generic, TypeVar
+from typing import Awaitable, Callable, Generic, TypeVar
 
+from agentkv._session import steps
 from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Answered, Failed, FailOver, Finish, GiveUp, HandOff, Outcome, Recover, Send
-
-if TYPE_CHECKING:
-    from agentkv._session.reactive import ReactivePath as SessionCore
+from agentkv._session.reactive import fail_over, recover
+from agentkv._session.state import SessionState
 
 __all__ = ["TurnEnd", "arun", "run"]
 
@@ -44,62 +44,62 @@ class TurnEnd(Generic[T]):
         return self.answer  # type: ignore[return-value]
 
 
-def run(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool) -> TurnEnd[T]:
+def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool) -> TurnEnd[T]:
     """Carry ``attempt``'s turn to its end through ``session``'s decisions; ``send`` makes one try."""
     attempt.turn.streamed = streamed
     outcome: Outcome | None = None
     while True:
-        action = session._next_action(attempt, outcome)
+        action = steps.next_step(session, attempt, outcome)
         if isinstance(action, Finish):
             return TurnEnd(attempt, answer=action.value)
         if isinstance(action, GiveUp):
             return TurnEnd(attempt, error=action.error)
         if isinstance(action, HandOff):
-            session._handoff(attempt)
+            steps.hand_off(session, attempt)
             continue
         if isinstance(action, Send):
             outcome = _tried(session, attempt, send)
             continue
         try:
             if isinstance(action, Recover):
-                attempt = session._recover(attempt, action.error, action.overflow, session._recount(attempt),
-                                           session._facts())
+                attempt = recover(session, attempt, action.error, action.overflow, steps.recount(session, attempt),
+                                  steps.facts(session))
             elif isinstance(action, FailOver):
-                attempt = session._fail_over(attempt, action.error, session._facts())
+                attempt = fail_over(session, attempt, action.error, steps.facts(session))
         except Exception as final:  # no backend takes the turn: what the recovery raised is its answer
             return TurnEnd(attempt, error=final)
         outcome = None
 
 
-async def arun(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
+async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
                streamed: bool) -> TurnEnd[T]:
     """The async twin of :func:`run`: every input is awaited, and the handoff's torch work runs off the loop."""
     attempt.turn.streamed = streamed
     outcome: Outcome | None = None
     while True:
-        action = session._next_action(attempt, outcome)
+        action = steps.next_step(session, attempt, outcome)
         if isinstance(action, Finish):
             return TurnEnd(attempt, answer=action.value)
         if isinstance(action, GiveUp):
             return TurnEnd(attempt, error=action.error)
         if isinstance(action, HandOff):
-            await asyncio.to_thread(session._handoff, attempt)
+            await asyncio.to_thread(steps.hand_off, session, attempt)
             continue
         if isinstance(action, Send):
             outcome = await _atried(session, attempt, send)
             continue
         try:
             if isinstance(action, Recover):
-                attempt = session._recover(attempt, action.error, action.overflow, await session._arecount(attempt),
-                                           await session._afacts())
+                attempt = recover(session, attempt, action.error, action.overflow,
+                                  await steps.arecount(session, attempt), await steps.afacts(session))
             elif isinstance(action, FailOver):
-                attempt = session._fail_over(attempt, action.error, await session._afacts())
+                attempt = fail_over(session, attempt, action.error, await steps.afacts(session))
         except Exception as final:
             return TurnEnd(attempt, error=final)
         outcome = None
 
 
-def _tried(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], T]) -> Outcome:
+def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T]) -> Outcome:
     """One Send: ``send`` under the retry policy, each call counted as a try of the turn on the attempt's backend."""
     role, policy = attempt.decision.role, session.retry
 
@@ -113,7 +113,7 @@ def _tried(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], T
         return Failed(error)
 
 
-async def _atried(session: "SessionCore", attempt: Attempt, send: Callable[[Attempt], Awaitable[T]]) -> Outcome:
+async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]]) -> Outcome:
     role, policy = attempt.decision.role, session.retry
 
     async def once() -> T:

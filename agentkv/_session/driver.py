@@ -1,10 +1,14 @@
 """The Session: routes each request of an agent's loop between a fast and a slow backend.
 
-``Session.completion`` and ``Session.acompletion`` are twin drivers, each read like tenacity's
-``Retrying.__call__``: gather the inputs that need I/O (windows and served models through
-:class:`~agentkv.discovery.WindowDiscovery`, the count through :class:`~agentkv.tokens.TokenCounter`;
-the async driver awaits every one), ask the pure core for a decision (:mod:`agentkv.routing`,
-:mod:`agentkv.warm.policy`), send, and on a context overflow ask the core for the next try.
+:class:`Session` is its state (:class:`~agentkv._session.state.SessionState`, one object) with the public methods on
+top, each a few lines over functions of that state. One request, in the order it happens:
+
+- :meth:`Session.completion` (or :meth:`~Session.acompletion`; :meth:`~Session.prepare` for senders outside litellm)
+  opens, counts and plans it (:mod:`agentkv._session.steps`: the pure core decides) and fires the warm-ahead;
+- :meth:`Session.turn` runs the turn in the one loop (:mod:`agentkv._session.drive`) that does what
+  :func:`~agentkv._session.decide.next_action` says: send, hand off, recover (:mod:`agentkv._session.reactive`),
+  fail over, finish or give up;
+- :func:`~agentkv._session.steps.finish` records the answer.
 
     with Session(fast=fast, slow=slow, tenant="acme", session_id="chat-42") as s:
         resp = s.completion(messages=messages, tools=tools, max_tokens=4096)
@@ -13,23 +17,29 @@ the async driver awaits every one), ask the pure core for a decision (:mod:`agen
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
+from agentkv._session import outside, steps
 from agentkv._session.attempts import Attempt
-from agentkv._session.core import DEFAULT_REQUEST_TIMEOUT_S
+from agentkv._session.decide import Failed, FailOver, Recover
 from agentkv._session.drive import TurnEnd, arun, run
-from agentkv._session.external import SendsOutside
+from agentkv._session.inputs import request_payload
+from agentkv._session.reactive import fail_over, recover
+from agentkv._session.state import DEFAULT_REQUEST_TIMEOUT_S, SessionState
 from agentkv._session.warm_prefix import prefix_report
 from agentkv.prefix import PrefixReport
+from agentkv.protocols import Observation
 from agentkv.retry import CLIENT_RETRIES_OFF
+from agentkv.routing import RouteDecision
 from agentkv.stats import LedgerEntry
+from agentkv.tokens import TokenCount
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "Session"]
 
 T = TypeVar("T")
 
 
-class Session(SendsOutside):
+class Session(SessionState):
     """A fast/slow routing session for one conversation of one tenant.
 
     ``fast`` answers while the conversation fits its window; ``slow`` takes what it cannot hold.
@@ -81,29 +91,71 @@ class Session(SendsOutside):
         turn of a call is exactly the one the next call wants."""
         self.close()
 
-    # ----------------------------------------------------------------- the drivers
+    # ----------------------------------------------------------------- a turn through litellm
 
     def completion(self, **kwargs: Any) -> Any:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
         kwargs = dict(self._sends(self.fast.model, kwargs))
-        payload = self._open_request(kwargs)
-        facts = self._facts()
-        attempt = self._plan(kwargs, payload, self._count(kwargs, payload, facts), facts)
-        self._maybe_warm(attempt, facts, asynchronous=False)
-        ended = run(self, attempt, lambda a: self.client.completion(**self._client_call(a)),
-                    streamed=bool(kwargs.get("stream")))
-        return self._finish(ended.attempt, ended.result(), asynchronous=False)
+        payload = steps.open_request(self, kwargs)
+        known = steps.facts(self)
+        attempt = steps.plan(self, kwargs, payload, steps.count(self, kwargs, payload, known), known)
+        steps.maybe_warm(self, attempt, known)
+        ended = self.turn(attempt, lambda a: self.client.completion(**_client_call(a)), streamed=bool(kwargs.get("stream")))
+        return steps.finish(self, ended.attempt, ended.result(), asynchronous=False)
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
         kwargs = dict(self._sends(self.fast.model, kwargs))
-        payload = self._open_request(kwargs)
-        facts = await self._afacts()
-        attempt = self._plan(kwargs, payload, await self._acount(kwargs, payload, facts), facts)
-        await self._amaybe_warm(attempt, facts)
-        ended = await arun(self, attempt, lambda a: self.client.acompletion(**self._client_call(a)),
-                           streamed=bool(kwargs.get("stream")))
-        return self._finish(ended.attempt, ended.result(), asynchronous=True)
+        payload = steps.open_request(self, kwargs)
+        known = await steps.afacts(self)
+        attempt = steps.plan(self, kwargs, payload, await steps.acount(self, kwargs, payload, known), known)
+        await steps.amaybe_warm(self, attempt, known)
+        ended = await self.aturn(attempt, lambda a: self.client.acompletion(**_client_call(a)),
+                                 streamed=bool(kwargs.get("stream")))
+        return steps.finish(self, ended.attempt, ended.result(), asynchronous=True)
+
+    # ----------------------------------------------------------------- a turn its caller sends
+
+    def prepare(self, body: Mapping[str, Any]) -> Attempt:
+        """Count, route and clamp a raw OpenAI request ``body`` its caller sends itself, and warm when due.
+
+        For senders outside litellm (the httpx transport, the LangChain router, the gateway): the returned
+        :class:`Attempt` says where it goes (``decision``, ``backend``) and with which output budget;
+        a warm repeats ``body`` itself with a one-token budget. Hand an overflow to :meth:`recover` and
+        the answer to :meth:`answered`.
+
+        ``body`` is a ``/chat/completions`` body (``messages``) or a ``/completions`` one: a ``prompt``
+        alone (a string or a list of strings) is a text completion, counted as that text and routed by
+        the same rules; its warm is a one-token ``/completions`` POST of the same prompt to a self-hosted
+        slow backend (:attr:`Attempt.text` says which endpoint the attempt is for).
+        """
+        payload = steps.open_request(self, dict(body), text=True)
+        known = steps.facts(self)
+        attempt = steps.plan(self, dict(body), payload, steps.count(self, body, payload, known), known)
+        attempt.raw = True
+        steps.maybe_warm(self, attempt, known)
+        return attempt
+
+    async def aprepare(self, body: Mapping[str, Any]) -> Attempt:
+        """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
+        payload = steps.open_request(self, dict(body), text=True)
+        known = await steps.afacts(self)
+        attempt = steps.plan(self, dict(body), payload, await steps.acount(self, body, payload, known), known)
+        attempt.raw = True
+        await steps.amaybe_warm(self, attempt, known)
+        return attempt
+
+    def presend(self, body: Mapping[str, Any]) -> Attempt | None:
+        """The try a request is certain to get, decided before it is counted, or None when that is not certain.
+
+        Certain means: fast, as it is (no clamp), and far from every boundary (the route, the clamp, warm-ahead,
+        by :func:`~agentkv.routing.interval_decides`) for any count up to the payload's byte ceiling
+        (:mod:`agentkv.tokens.ceiling`, trusted once fast's exact counts have held within theirs), on windows
+        discovered within the last second. A caller may then send the request at once and call
+        :meth:`aprepare` while the backend works: it counts, logs, records and warms as always, and its attempt
+        is what the request should have been (the caller compares the two, and re-sends when they differ).
+        Nothing is recorded here, and nothing is ever raised: a request this cannot vouch for gets None."""
+        return outside.presend(self, body)
 
     def turn(self, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool = False) -> TurnEnd[T]:
         """Carry a prepared ``attempt`` (:meth:`prepare`) to the end of its turn, ``send(attempt)`` making each try.
@@ -121,10 +173,78 @@ class Session(SendsOutside):
         """The async twin of :meth:`turn`."""
         return await arun(self, attempt, send, streamed=streamed)
 
-    @staticmethod
-    def _client_call(attempt: Attempt) -> dict[str, Any]:
-        """This try's kwargs with the client's own retries off: the Session's :class:`RetryPolicy` is the one bound."""
-        return {**attempt.call_kwargs, **CLIENT_RETRIES_OFF}
+    def recover(self, attempt: Attempt, error: Exception) -> Attempt:
+        """The next try after ``attempt`` failed with ``error`` (one step of :meth:`turn`): a recoverable overflow is
+        clamped or escalated, an outage fails over when the other backend can take it; anything else is re-raised."""
+        action = steps.next_step(self, attempt, Failed(error))
+        if isinstance(action, Recover):
+            return recover(self, attempt, error, action.overflow, steps.recount(self, attempt), steps.facts(self))
+        if isinstance(action, FailOver):
+            return fail_over(self, attempt, error, steps.facts(self))
+        raise error
+
+    async def arecover(self, attempt: Attempt, error: Exception) -> Attempt:
+        """The async twin of :meth:`recover`."""
+        action = steps.next_step(self, attempt, Failed(error))
+        if isinstance(action, Recover):
+            return recover(self, attempt, error, action.overflow, await steps.arecount(self, attempt),
+                           await steps.afacts(self))
+        if isinstance(action, FailOver):
+            return fail_over(self, attempt, error, await steps.afacts(self))
+        raise error
+
+    def answered(self, attempt: Attempt, response: Any, *, asynchronous: bool = False) -> Any:
+        """Record ``attempt`` as answered with ``response`` (a dict or object with OpenAI's ``usage``):
+        requests per backend, the ledger row, the escalation and its cached tokens, as :meth:`completion`."""
+        return steps.finish(self, attempt, response, asynchronous=asynchronous)
+
+    # ----------------------------------------------------------------- a request sent elsewhere, or none
+
+    def observe(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
+        """Account a request sent outside the Session (a LangChain callback, a litellm logger).
+
+        The request is counted and recorded in the ledger (as sent to ``sent_to``, "fast" or "slow"),
+        and warm-ahead fires when due; nothing else is sent. The returned :class:`Observation` says
+        whether fast can take the request as it is.
+        """
+        role = outside.sent_to_role(self, sent_to)
+        payload = steps.open_request(self, kwargs)
+        known = steps.facts(self)
+        attempt, decision = outside.observed(self, kwargs, payload, steps.count(self, kwargs, payload, known), known,
+                                             role)
+        steps.maybe_warm(self, attempt, known)
+        return outside.observation(self, attempt, decision, known)
+
+    async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
+        """The async twin of :meth:`observe` (warms run as tasks)."""
+        role = outside.sent_to_role(self, sent_to)
+        payload = steps.open_request(self, kwargs)
+        known = await steps.afacts(self)
+        attempt, decision = outside.observed(self, kwargs, payload, await steps.acount(self, kwargs, payload, known),
+                                             known, role)
+        await steps.amaybe_warm(self, attempt, known)
+        return outside.observation(self, attempt, decision, known)
+
+    def route(self, **kwargs: Any) -> RouteDecision:
+        """The route this Session would choose for a request, sending and recording nothing.
+
+        Raises :class:`ContextOverflowError` when no backend can hold it.
+        """
+        payload, known = request_payload(kwargs, self._backends(), self.counters.values()), steps.facts(self)
+        return steps.decide(self, kwargs, steps.count(self, kwargs, payload, known), known)
+
+    async def aroute(self, **kwargs: Any) -> RouteDecision:
+        """The async twin of :meth:`route`."""
+        payload, known = request_payload(kwargs, self._backends(), self.counters.values()), await steps.afacts(self)
+        return steps.decide(self, kwargs, await steps.acount(self, kwargs, payload, known), known)
+
+    def count(self, **kwargs: Any) -> TokenCount:
+        """Count a request as the fast backend will receive it, without sending anything."""
+        return self._counter(self.fast).count(request_payload(kwargs, self._backends(), self.counters.values()))
+
+    def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
+        """Attach a response's cached-token count to an observed ledger turn."""
+        self._record.record_usage(turn, cached_tokens)
 
     def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
         """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""
@@ -174,3 +294,9 @@ class Session(SendsOutside):
     async def adrain_warms(self, timeout_s: float = 30.0) -> None:
         """Wait up to ``timeout_s`` for this Session's background tasks (tests, benchmarks, demos)."""
         await self._jobs.adrain(timeout_s)
+
+
+def _client_call(attempt: Attempt) -> dict[str, Any]:
+    """This try's litellm kwargs with the client's own retries off: the Session's :class:`RetryPolicy` is the one
+    bound."""
+    return {**attempt.call_kwargs, **CLIENT_RETRIES_OFF}

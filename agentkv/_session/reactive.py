@@ -1,16 +1,18 @@
-"""The Session's reactive path: the next try after a context overflow (clamp or escalate, the pure
-:func:`~agentkv.routing.plan_recovery` and :func:`~agentkv.routing.after_recovery` decide) or after an outage
-(fail over, :func:`~agentkv.routing.failover` decides). The drivers gather the inputs (the failed backend's
-count, fresh :class:`Facts`) and hand them over as data.
+"""The next try after a failed one, as functions over a :class:`~agentkv._session.state.SessionState`: after a context
+overflow (clamp or escalate: the pure :func:`~agentkv.routing.plan_recovery` and :func:`~agentkv.routing.after_recovery`
+decide) or after an outage (fail over: :func:`~agentkv.routing.failover` decides). The loop
+(:mod:`agentkv._session.drive`) gathers the inputs (the failed backend's count, fresh :class:`Facts`) and hands them
+over as data.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from agentkv._session.core import SessionCore
 from agentkv._session.attempts import Attempt
 from agentkv._session.inputs import Facts, max_tokens_of
+from agentkv._session.state import SessionState
+from agentkv._session.steps import log_route
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import Overflow
@@ -18,83 +20,82 @@ from agentkv.retry import outage_cause
 from agentkv.routing import Target, after_recovery, failover, plan_recovery
 from agentkv.tokens import TokenCount
 
-__all__ = ["ReactivePath"]
+__all__ = ["fail_over", "recover"]
 
 
-class ReactivePath(SessionCore):
-    """A layer of :class:`~agentkv.Session`: what happens after a request failed."""
+def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount,
+            facts: Facts) -> Attempt:
+    """``count``: the failed backend's own count of the request (exact where it can be)."""
+    s._stats.add("overflow_errors")
+    role = attempt.decision.role
+    failed = facts.fast if role == "fast" else facts.slow
+    if overflow.max_context:
+        s.discovery.correct(attempt.backend, overflow.max_context)
+    attempt.turn.refused.add(role)  # a clamp may retry it with less output; a failover never returns to it
+    facts = _for_turn(s, facts, attempt, exclude_refused=False)
+    plan = plan_recovery(
+        overflow, role=role, exact_prompt_tokens=count.total if count.exact else None,
+        requested_max_tokens=attempt.decision.max_tokens, known_window=failed.window, safe_prompt_tokens=count.safe,
+        already_clamped=attempt.reactive_clamped or not attempt.turn.left(role, s.retry.attempts),
+        slow_usable=facts.slow.usable and role == "fast", policy=s.routing,
+    )
+    emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
+         backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
+    if plan.action == "give_up":
+        windows = {facts.fast.name: facts.fast.window}
+        if s.slow is not None:
+            windows[facts.slow.name] = facts.slow.window
+        windows[failed.name] = overflow.max_context or failed.window
+        closed = attempt.turn.closed("slow", s.retry.attempts) if role == "fast" and s.slow else ""
+        why = f"{facts.slow.name!r} {closed}" if closed else plan.why
+        raise ContextOverflowError(
+            f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {why}",
+            input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
+            max_tokens=attempt.decision.max_tokens,
+        ) from error
+    s._stats.add("reactive_fallbacks")
+    attempt.turn.recoveries += 1
+    fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
+        if attempt.decision.role == "fast" else facts.fast
+    decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=s.routing,
+                              requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
+    log_route(s, decision, attempt.count)
+    escalated = decision.role != attempt.decision.role
+    return replace(attempt, decision=decision, backend=s._backend(decision.role),
+                   reactive_clamped=not escalated)
 
-    def _recover(self, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount,
-                 facts: Facts) -> Attempt:
-        """``count``: the failed backend's own count of the request (exact where it can be)."""
-        self._stats.add("overflow_errors")
-        role = attempt.decision.role
-        failed = facts.fast if role == "fast" else facts.slow
-        if overflow.max_context:
-            self.discovery.correct(attempt.backend, overflow.max_context)
-        attempt.turn.refused.add(role)  # a clamp may retry it with less output; a failover never returns to it
-        facts = self._for_turn(facts, attempt, exclude_refused=False)
-        plan = plan_recovery(
-            overflow, role=role, exact_prompt_tokens=count.total if count.exact else None,
-            requested_max_tokens=attempt.decision.max_tokens, known_window=failed.window, safe_prompt_tokens=count.safe,
-            already_clamped=attempt.reactive_clamped or not attempt.turn.left(role, self.retry.attempts),
-            slow_usable=facts.slow.usable and role == "fast", policy=self.routing,
-        )
-        emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
-             backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
-        if plan.action == "give_up":
-            windows = {facts.fast.name: facts.fast.window}
-            if self.slow is not None:
-                windows[facts.slow.name] = facts.slow.window
-            windows[failed.name] = overflow.max_context or failed.window
-            closed = attempt.turn.closed("slow", self.retry.attempts) if role == "fast" and self.slow else ""
-            why = f"{facts.slow.name!r} {closed}" if closed else plan.why
-            raise ContextOverflowError(
-                f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {why}",
-                input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
-                max_tokens=attempt.decision.max_tokens,
-            ) from error
-        self._stats.add("reactive_fallbacks")
-        attempt.turn.recoveries += 1
-        fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
-            if attempt.decision.role == "fast" else facts.fast
-        decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=self.routing,
-                                  requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
-        self._log_route(decision, attempt.count)
-        escalated = decision.role != attempt.decision.role
-        return replace(attempt, decision=decision, backend=self._backend(decision.role),
-                       reactive_clamped=not escalated)
 
-    def _fail_over(self, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
-        """The next try when ``attempt``'s backend is down (``error`` is an outage:
-        :func:`~agentkv._session.decide.next_action` said so) and the other one can take the request; ``error``
-        propagates untouched when the other backend is closed for this turn (down, refused this request as too long,
-        or out of tries: see :class:`~agentkv.retry.TurnTries`) or cannot hold it."""
-        if self.slow is None:
-            raise error
-        attempt.turn.down.add(attempt.decision.role)
-        facts = self._for_turn(facts, attempt, exclude_refused=True)
-        decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=self.routing,
-                            route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
-                            max_tokens=max_tokens_of(attempt.kwargs))
-        if decision is None:
-            raise error
-        self._stats.add("failovers")
-        attempt.turn.failovers += 1
-        emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
-             status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
-             session=self.session_id, tenant=self.tenant)
-        self._log_route(decision, attempt.count)
-        return replace(attempt, decision=decision, backend=self._backend(decision.role), failed_over=True,
-                       reactive_clamped=False)
+def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
+    """The next try when ``attempt``'s backend is down (``error`` is an outage:
+    :func:`~agentkv._session.decide.next_action` said so) and the other one can take the request; ``error``
+    propagates untouched when the other backend is closed for this turn (down, refused this request as too long,
+    or out of tries: see :class:`~agentkv.retry.TurnTries`) or cannot hold it."""
+    if s.slow is None:
+        raise error
+    attempt.turn.down.add(attempt.decision.role)
+    facts = _for_turn(s, facts, attempt, exclude_refused=True)
+    decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=s.routing,
+                        route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
+                        max_tokens=max_tokens_of(attempt.kwargs))
+    if decision is None:
+        raise error
+    s._stats.add("failovers")
+    attempt.turn.failovers += 1
+    emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
+         status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
+         session=s.session_id, tenant=s.tenant)
+    log_route(s, decision, attempt.count)
+    return replace(attempt, decision=decision, backend=s._backend(decision.role), failed_over=True,
+                   reactive_clamped=False)
 
-    def _for_turn(self, facts: Facts, attempt: Attempt, *, exclude_refused: bool) -> Facts:
-        """``facts`` with the backends this turn may no longer use marked unusable (the refusal rule applies to a
-        failover; a recovery's own clamp may retry the backend that refused, with less output)."""
-        turn, attempts = attempt.turn, self.retry.attempts
 
-        def target(t: Target, role: str) -> Target:
-            why = turn.closed(role, attempts, refusal_closes=exclude_refused)
-            return replace(t, usable=False, why_unusable=why) if why and t.usable else t
+def _for_turn(s: SessionState, facts: Facts, attempt: Attempt, *, exclude_refused: bool) -> Facts:
+    """``facts`` with the backends this turn may no longer use marked unusable (the refusal rule applies to a
+    failover; a recovery's own clamp may retry the backend that refused, with less output)."""
+    turn, attempts = attempt.turn, s.retry.attempts
 
-        return replace(facts, fast=target(facts.fast, "fast"), slow=target(facts.slow, "slow"))
+    def target(t: Target, role: str) -> Target:
+        why = turn.closed(role, attempts, refusal_closes=exclude_refused)
+        return replace(t, usable=False, why_unusable=why) if why and t.usable else t
+
+    return replace(facts, fast=target(facts.fast, "fast"), slow=target(facts.slow, "slow"))
