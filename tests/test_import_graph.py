@@ -27,7 +27,7 @@ LAYERS = [
      "agentkv.toolschema"],
     ["agentkv.backends", "agentkv.overflow"],
     ["agentkv._http", "agentkv.events", "agentkv.errors"],
-    ["agentkv._http_deadline", "agentkv._defaults", "agentkv._env", "agentkv._lazy"],
+    ["agentkv._http_deadline", "agentkv._defaults", "agentkv._env", "agentkv._lazy", "agentkv._build"],
 ]
 
 

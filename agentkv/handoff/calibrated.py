@@ -9,12 +9,13 @@ the standard library's text. A changed checkpoint, corpus or setting fits anew; 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
+
+from agentkv._build import built_once
 
 __all__ = ["DEFAULT_CORPUS", "ensure_calibrated"]
 
@@ -29,12 +30,8 @@ def ensure_calibrated(source: str | Path, target: str | Path, root: str | Path, 
             "seq_len": seq_len, "max_tokens": max_tokens, "source_config": _config(source),
             "target_config": _config(target), "format": 1}
     folder = Path(root) / hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    if (folder / "manifest.json").exists():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / "manifest.json").exists():
+    with built_once(folder, folder / "manifest.json") as needed:
+        if needed:
             _calibrate(spec, folder)
     return folder
 

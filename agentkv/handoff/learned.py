@@ -7,16 +7,28 @@ pipeline, the gate figure and the file format come from here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.mapping import MapGeometry, held_out_cosine, load_files, map_cache, save_files, with_evaluation
+from agentkv.handoff.mapping import (
+    KINDS, MapGeometry, held_out_cosine, load_files, map_cache, save_files, with_evaluation,
+)
 from agentkv.handoff.manifest import Header, Selected, Shape
 from agentkv.handoff.signature import SignaturePair
 
 Params = dict[str, torch.Tensor]
+
+
+def each_map(selected: Selected,
+             progress: Callable[[Iterable[Any], str], Iterable[Any]] | None = None) -> Iterator[tuple[int, tuple[int, ...], str]]:
+    """Every map a learned mapper holds, in order: ``(target layer, the source layers it reads, kind)``, a target
+    layer's key map then its value map; ``progress`` (a calibration's reporter) sees the layers go by."""
+    layers: Iterable[Any] = range(len(selected))
+    for layer in progress(layers, "fit") if progress is not None else layers:
+        for kind in KINDS:
+            yield layer, tuple(selected[layer]), kind
 Self = TypeVar("Self", bound="LearnedMapper")
 
 _GEOMETRY_FIELDS = frozenset(

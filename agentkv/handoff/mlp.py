@@ -15,9 +15,9 @@ from torch import nn
 
 from agentkv.handoff.collect import ActivationStore, Progress, no_progress
 from agentkv.handoff.config import CalibrationConfig, MLPConfig
-from agentkv.handoff.learned import LearnedMapper, Params
+from agentkv.handoff.learned import LearnedMapper, Params, each_map
 from agentkv.handoff.manifest import Header, Selected, Shape
-from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
+from agentkv.handoff.mapping import MapGeometry, gather_features
 from agentkv.handoff.signature import SignaturePair
 
 
@@ -38,13 +38,12 @@ class MLPMapper(LearnedMapper):
         """w1 [h, k*Hs*Ds], b1 [h], w2 [Ht*Dt, h], b2 [Ht*Dt] per target layer and kind; h is read from w1."""
         width_in, width_out = pair.source.kv_heads * pair.source.head_dim, pair.target.kv_heads * pair.target.head_dim
         shapes: dict[str, Shape] = {}
-        for layer, chosen in enumerate(selected):
-            for kind in KINDS:
-                prefix = f"{kind}.{layer}"
-                w1 = header.get(f"{prefix}.w1", ((), ""))[0]
-                hidden = w1[0] if len(w1) == 2 and w1[0] > 0 else 1  # a bad w1 is reported against h = 1
-                shapes.update({f"{prefix}.w1": (hidden, len(chosen) * width_in), f"{prefix}.b1": (hidden,),
-                               f"{prefix}.w2": (width_out, hidden), f"{prefix}.b2": (width_out,)})
+        for layer, chosen, kind in each_map(selected):
+            prefix = f"{kind}.{layer}"
+            w1 = header.get(f"{prefix}.w1", ((), ""))[0]
+            hidden = w1[0] if len(w1) == 2 and w1[0] > 0 else 1  # a bad w1 is reported against h = 1
+            shapes.update({f"{prefix}.w1": (hidden, len(chosen) * width_in), f"{prefix}.b1": (hidden,),
+                           f"{prefix}.w2": (width_out, hidden), f"{prefix}.b2": (width_out,)})
         return shapes
 
     @classmethod
@@ -58,12 +57,11 @@ class MLPMapper(LearnedMapper):
         """Train every target layer's key and value MLP on the train split, stopping on held-out loss."""
         params: Params = {}
         epochs: list[int] = []
-        for layer in progress(range(len(geometry.selected)), "fit"):
-            for kind in KINDS:
-                x_tr, y_tr, x_ho, y_ho = layer_data(store, geometry.selected[layer], layer, kind)
-                net, best_epoch = train_mlp(x_tr, y_tr, x_ho, y_ho, config.mlp)
-                params.update({f"{kind}.{layer}.{n}": t for n, t in net.items()})
-                epochs.append(best_epoch)
+        for layer, chosen, kind in each_map(geometry.selected, progress):
+            x_tr, y_tr, x_ho, y_ho = layer_data(store, chosen, layer, kind)
+            net, best_epoch = train_mlp(x_tr, y_tr, x_ho, y_ho, config.mlp)
+            params.update({f"{kind}.{layer}.{n}": t for n, t in net.items()})
+            epochs.append(best_epoch)
         mlp = config.mlp
         info = {"k": len(geometry.selected[0]), "calibration_tokens": store.n_train,
                 "mlp": {"hidden": mlp.hidden, "lr": mlp.lr, "batch_size": mlp.batch_size, "seed": mlp.seed,

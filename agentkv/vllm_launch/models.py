@@ -16,7 +16,6 @@ build spec, so a changed spec builds anew and an unchanged one costs nothing.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from agentkv._build import built_once
 
 __all__ = ["CHAT_TEMPLATE", "SIZES", "TierModels", "ensure_models"]
 
@@ -76,15 +77,10 @@ def spec_digest() -> str:
 def ensure_models(root: Path | None = None) -> TierModels:
     """The fast and slow checkpoints, built into ``root`` first when absent (about 30 s on 2 cores)."""
     base = (root or default_root()) / spec_digest()
-    models = TierModels(base)
-    if (base / "done").exists():
-        return models
-    base.parent.mkdir(parents=True, exist_ok=True)
-    with open(base.parent / f".{base.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "done").exists():
+    with built_once(base, base / "done") as needed:
+        if needed:
             _build(base)
-    return models
+    return TierModels(base)
 
 
 def _build(base: Path) -> None:
