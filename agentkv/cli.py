@@ -15,9 +15,9 @@ from typing import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("agentkv.embedded.server.serve_cli", "serve an embedded model over vLLM's OpenAI-compatible API"),
     "demo": ("agentkv.demo", "run the fast/slow ReAct demo on two embedded servers"),
-    "calibrate": ("agentkv.handoff.cli", "fit a cross-model KV mapper"),
-    "evaluate": ("agentkv.handoff.cli", "evaluate a saved KV mapper"),
-    "bench": ("agentkv.handoff.cli", "benchmarks: `agentkv bench handoff`"),
+    "calibrate": ("agentkv.handoff.offline.cli", "fit a cross-model KV mapper"),
+    "evaluate": ("agentkv.handoff.offline.cli", "evaluate a saved KV mapper"),
+    "bench": ("agentkv.handoff.offline.cli", "benchmarks: `agentkv bench handoff`"),
     "train-family": ("agentkv.embedded.family.cli", "train a small/large model family on the Python stdlib (CPU)"),
     "gateway": ("agentkv.gateway.cli", "an OpenAI-compatible gateway routing between a fast and a slow backend"),
 }

@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from agentkv.handoff.cli import add_bench_arguments, run_bench
+from agentkv.handoff.offline.cli import add_bench_arguments, run_bench
 
 DEFAULT_LENGTHS = "512,2048,8192"
 

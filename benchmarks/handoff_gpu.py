@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run anywhere)")
     args = parser.parse_args()
-    from agentkv.handoff.bench import qwen3_config
+    from agentkv.handoff.offline.bench import qwen3_config
 
     overrides = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "head_dim": 16, "vocab_size": 512} if args.tiny else {}
@@ -62,7 +62,7 @@ def run(source_config: Any, target_config: Any, lengths: list[int], *, device: s
         repeats: int) -> list[dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
-    from agentkv.handoff.bench import _default_inv_freq, random_ridge_mapper, reprefill
+    from agentkv.handoff.offline.bench import _default_inv_freq, random_ridge_mapper, reprefill
     from agentkv.handoff.rope import RopeTable
     from agentkv.handoff.signature import ModelSignature, SignaturePair
 

@@ -52,7 +52,7 @@ def main() -> None:
         print((Path(__file__).parent / "handoff_gpu.py").read_text())
         return
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    from agentkv.handoff.calibrated import ensure_calibrated
+    from agentkv.handoff.offline.calibrated import ensure_calibrated
     from agentkv.vllm_launch import ensure_models
 
     models = ensure_models()

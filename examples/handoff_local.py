@@ -26,7 +26,7 @@ from agentkv.warm import CooldownMap
 
 
 def build_pair(quick: bool):
-    from agentkv.handoff.testing import damp_residual_writes, depth_upscaled
+    from agentkv.handoff.offline.testing import damp_residual_writes, depth_upscaled
     from agentkv.embedded.engine.models import build_model
 
     size = "tiny" if quick else "small"
@@ -38,7 +38,7 @@ def build_pair(quick: bool):
 
 def calibrate_pair(source, target, folder: Path, quick: bool):
     from agentkv.handoff import CalibrationConfig, calibrate
-    from agentkv.handoff.testing import random_sequences
+    from agentkv.handoff.offline.testing import random_sequences
 
     sequences = random_sequences(8 if quick else 24, 64 if quick else 256, vocab=50_000)
     started = time.perf_counter()

@@ -4,7 +4,7 @@
 
 1. Two vLLM 0.32 CPU servers start from the real-vLLM tier's venv and checkpoints (agentkv.vllm_launch), both with
    AgentKVConnector and one export store; slow is configured with a fast -> slow ridge mapper, calibrated once on
-   the two checkpoints (agentkv.handoff.calibrated) and cached.
+   the two checkpoints (agentkv.handoff.offline.calibrated) and cached.
 2. A Session with ``Handoff("ridge", mapper=DIR, via="vllm")`` runs a conversation whose second turn outgrows
    fast's window, with warm-ahead off, so the escalation would be cold. Fast exports the prefix it just served,
    the gate reads the mapper's held-out figures, and the escalated request names the export under the handoff
@@ -93,7 +93,7 @@ def main() -> int:
     os.environ["AGENTKV_WARM_AHEAD"] = "0"  # no warm-ahead: the escalation is cold
     from agentkv import Handoff
     from agentkv.handoff import DEFAULT_MIN_ATTENTION_COSINE, choose_handoff
-    from agentkv.handoff.calibrated import ensure_calibrated
+    from agentkv.handoff.offline.calibrated import ensure_calibrated
     from agentkv.handoff.served import MapperSummary
     from agentkv.vllm_launch import ensure_models
 

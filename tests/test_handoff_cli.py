@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from agentkv.handoff import cli
-from agentkv.handoff.testing import torch_threads
+from agentkv.handoff.offline import cli
+from agentkv.handoff.offline.testing import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

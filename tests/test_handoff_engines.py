@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 from agentkv.handoff import CalibrationConfig, calibrate, create_mapper, handoff_prefix
 from agentkv.handoff.builtins import IdentityMapper
 from agentkv.handoff.models import signature_of
-from agentkv.handoff.testing import random_sequences, torch_threads
+from agentkv.handoff.offline.testing import random_sequences, torch_threads
 from agentkv.embedded.engine import LocalEngine
 from agentkv.embedded.engine.models import build_model
 

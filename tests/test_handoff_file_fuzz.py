@@ -14,7 +14,7 @@ from safetensors.torch import save
 
 from agentkv.handoff import MapperFileError, load_mapper
 from agentkv.handoff.errors import SignatureMismatchError
-from agentkv.handoff.testing import random_cache, random_learned
+from agentkv.handoff.offline.testing import random_cache, random_learned
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

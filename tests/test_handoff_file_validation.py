@@ -15,7 +15,7 @@ from agentkv.handoff import MapperFileError, load_mapper
 from agentkv.handoff.builtins import IdentityMapper
 from agentkv.handoff.mlp import MLPMapper
 from agentkv.handoff.ridge import RidgeMapper
-from agentkv.handoff.testing import TINY_SELECTED, TINY_SOURCE, random_cache, random_learned
+from agentkv.handoff.offline.testing import TINY_SELECTED, TINY_SOURCE, random_cache, random_learned
 
 def ridge() -> RidgeMapper:
     return random_learned("ridge")  # type: ignore[return-value]

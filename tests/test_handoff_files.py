@@ -14,9 +14,9 @@ from agentkv.handoff import (
     calibrate,
     load_mapper,
 )
-from agentkv.handoff.collect import prefill_cache
+from agentkv.handoff.offline.collect import prefill_cache
 from agentkv.handoff.ridge import RidgeMapper
-from agentkv.handoff.testing import random_sequences, tiny_qwen3, torch_threads
+from agentkv.handoff.offline.testing import random_sequences, tiny_qwen3, torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

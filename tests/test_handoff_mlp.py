@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentkv.handoff.calibration import fit_store
-from agentkv.handoff.collect import ActivationStore
-from agentkv.handoff.config import CalibrationConfig, MLPConfig
+from agentkv.handoff.offline.calibration import fit_store
+from agentkv.handoff.offline.collect import ActivationStore
+from agentkv.handoff.offline.config import CalibrationConfig, MLPConfig
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import ModelSignature, SignaturePair
-from agentkv.handoff.testing import torch_threads
+from agentkv.handoff.offline.testing import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

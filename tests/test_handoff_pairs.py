@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from agentkv.handoff import CalibrationConfig, calibrate, choose_handoff
-from agentkv.handoff.collect import prefill_cache
-from agentkv.handoff.evaluation import attention_scales, causal_attention, prefill_with_queries
+from agentkv.handoff.offline.collect import prefill_cache
+from agentkv.handoff.offline.evaluation import attention_scales, causal_attention, prefill_with_queries
 from agentkv.handoff.models import attention_modules, forward_with_cache
-from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random_sequences, tiny_qwen3, torch_threads
+from agentkv.handoff.offline.testing import damp_residual_writes, depth_upscaled, random_sequences, tiny_qwen3, torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

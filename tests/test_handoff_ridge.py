@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.calibration import fit_store
-from agentkv.handoff.collect import collect_from_caches
-from agentkv.handoff.config import CalibrationConfig
-from agentkv.handoff.linalg import RidgeAccumulator
+from agentkv.handoff.offline.calibration import fit_store
+from agentkv.handoff.offline.collect import collect_from_caches
+from agentkv.handoff.offline.config import CalibrationConfig
+from agentkv.handoff.offline.linalg import RidgeAccumulator
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import ModelSignature, SignaturePair
-from agentkv.handoff.testing import torch_threads
+from agentkv.handoff.offline.testing import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

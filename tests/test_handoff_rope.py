@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentkv.handoff.collect import prefill_cache
+from agentkv.handoff.offline.collect import prefill_cache
 from agentkv.handoff.rope import RopeTable, apply_rope, model_cos_sin, strip_rope
 from agentkv.handoff.signature import ModelSignature
-from agentkv.handoff.testing import tiny_llama3, tiny_qwen3, torch_threads
+from agentkv.handoff.offline.testing import tiny_llama3, tiny_qwen3, torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")

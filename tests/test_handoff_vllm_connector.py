@@ -14,7 +14,7 @@ from agentkv.handoff.learned import LearnedMapper
 from agentkv.handoff.mapping import MapGeometry
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import ModelSignature, SignaturePair
-from agentkv.handoff.testing import torch_threads
+from agentkv.handoff.offline.testing import torch_threads
 from agentkv.vllm_plugin import (
     connector_config, export_params, export_result, handoff_salt, import_params, mapper_digest, parse_request,
     salt_digest,

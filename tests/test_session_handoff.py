@@ -4,7 +4,7 @@ import pytest
 
 from agentkv import Backend, Session, WindowDiscovery
 from agentkv.handoff import CalibrationConfig, calibrate
-from agentkv.handoff.testing import damp_residual_writes, depth_upscaled, random_sequences, torch_threads
+from agentkv.handoff.offline.testing import damp_residual_writes, depth_upscaled, random_sequences, torch_threads
 from agentkv.embedded.engine import LocalEngine
 from agentkv.embedded.engine.models import build_model
 from agentkv.embedded.server import LocalServer, engine_at

@@ -5,8 +5,11 @@ cache does the work. A mapper backend (``identity``, ``ridge``, ``mlp`` or a thi
 :class:`KVMapper`) turns the source's KV into the target's; a quality gate (:func:`choose_handoff`)
 falls back to ``replay`` when a mapper's held-out attention-output cosine is too low.
 
-Importing this package does not import torch; the torch-backed names below (``calibrate``,
-``evaluate``, ``fit_store``, ``RidgeMapper``, ``MLPMapper``, ``Evaluation``) load on first access.
+What runs at an escalation (here: :class:`Handoff`, the registry, the plan, the mappers' ``map``) is apart from
+what runs offline to make a mapper (:mod:`agentkv.handoff.offline`: collect, rank, fit, evaluate, bench, the CLI): a
+process that only maps, such as the KV connector inside vLLM, imports none of the offline code. Importing this
+package does not import torch; the torch-backed names below (``calibrate``, ``evaluate``, ``fit_store``,
+``RidgeMapper``, ``MLPMapper``, ``Evaluation``) and the calibration settings load on first access.
 
     mapper = load_mapper("mappers/small-to-large", source=fast_model, target=slow_model)
     plan = choose_handoff(mapper, min_attention_cosine=0.95)
@@ -20,7 +23,6 @@ from typing import TYPE_CHECKING
 from agentkv._lazy import lazy_exports
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.config import CalibrationConfig, MLPConfig
 from agentkv.handoff.engines import HandoffResult, handoff_prefix
 from agentkv.handoff.escalation import Handoff, HandoffOutcome
 from agentkv.handoff.errors import (
@@ -44,16 +46,19 @@ from agentkv.handoff.registry import (
 from agentkv.handoff.signature import ModelSignature, SignaturePair
 
 if TYPE_CHECKING:
-    from agentkv.handoff.calibration import calibrate, fit_store
-    from agentkv.handoff.evaluation import Evaluation, evaluate
+    from agentkv.handoff.offline.calibration import calibrate, fit_store
+    from agentkv.handoff.offline.config import CalibrationConfig, MLPConfig
+    from agentkv.handoff.offline.evaluation import Evaluation, evaluate
     from agentkv.handoff.mlp import MLPMapper
     from agentkv.handoff.ridge import RidgeMapper
 
 _LAZY = {
-    "calibrate": "agentkv.handoff.calibration",
-    "fit_store": "agentkv.handoff.calibration",
-    "evaluate": "agentkv.handoff.evaluation",
-    "Evaluation": "agentkv.handoff.evaluation",
+    "CalibrationConfig": "agentkv.handoff.offline.config",
+    "MLPConfig": "agentkv.handoff.offline.config",
+    "calibrate": "agentkv.handoff.offline.calibration",
+    "fit_store": "agentkv.handoff.offline.calibration",
+    "evaluate": "agentkv.handoff.offline.evaluation",
+    "Evaluation": "agentkv.handoff.offline.evaluation",
     "RidgeMapper": "agentkv.handoff.ridge",
     "MLPMapper": "agentkv.handoff.mlp",
 }

@@ -19,7 +19,6 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.collect import unflatten_rows
 from agentkv.handoff.errors import MapperFileError
 from agentkv.handoff.manifest import (
     Header, Selected, Shape, check_backend, check_tensors, geometry_fields, rope_shapes,
@@ -192,3 +191,22 @@ def held_out_cosine(info: dict[str, Any]) -> float | None:
     value = info.get("evaluation", {}).get("attention_cosine")
     return None if value is None else float(value)
 
+
+def flatten_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stack per-layer tensors into rows.
+
+    layers[i]: [batch, heads, seq, head_dim] -> [layers, batch*seq, heads*head_dim]
+    """
+    stacked = torch.stack(tuple(layers))  # (L, B, H, T, D)
+    n_layers, batch, heads, seq, dim = stacked.shape
+    return stacked.permute(0, 1, 3, 2, 4).reshape(n_layers, batch * seq, heads * dim)  # -> (L, B*T, H*D)
+
+
+def unflatten_rows(rows: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
+    """Inverse of one layer of :func:`flatten_layers`.
+
+    rows: [batch*seq, heads*head_dim] -> [batch, heads, seq, head_dim]
+    """
+    total, width = rows.shape
+    split = rows.reshape(batch, total // batch, heads, width // heads)  # (B*T, H*D) -> (B, T, H, D)
+    return split.permute(0, 2, 1, 3)  # (B, T, H, D) -> (B, H, T, D)

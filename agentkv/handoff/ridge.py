@@ -11,15 +11,18 @@ from streamed statistics. Every target head has its own output columns.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from agentkv.handoff.collect import ActivationStore, Progress, no_progress
-from agentkv.handoff.config import CalibrationConfig
 from agentkv.handoff.learned import LearnedMapper, Params, each_map
-from agentkv.handoff.linalg import RidgeAccumulator
 from agentkv.handoff.manifest import Header, Selected, Shape
-from agentkv.handoff.mapping import MapGeometry, gather_features
+from agentkv.handoff.mapping import MapGeometry
 from agentkv.handoff.signature import SignaturePair
+
+if TYPE_CHECKING:
+    from agentkv.handoff.offline.collect import ActivationStore, Progress
+    from agentkv.handoff.offline.config import CalibrationConfig
 
 
 class RidgeMapper(LearnedMapper):
@@ -43,28 +46,10 @@ class RidgeMapper(LearnedMapper):
         return shapes
 
     @classmethod
-    def fit(
-        cls,
-        store: ActivationStore,
-        geometry: MapGeometry,
-        config: CalibrationConfig = CalibrationConfig(),
-        progress: Progress = no_progress,
-    ) -> RidgeMapper:
-        """Solve every target layer's key and value map on the store's train split."""
-        params: Params = {}
-        for layer, chosen, kind in each_map(geometry.selected, progress):
-            weight, bias = fit_layer(store, chosen, layer, kind, config)
-            params[f"{kind}.{layer}.weight"], params[f"{kind}.{layer}.bias"] = weight.float(), bias.float()
-        info = {"k": len(geometry.selected[0]), "lam": config.lam, "calibration_tokens": store.n_train}
-        return cls(geometry, params, info)
+    def fit(cls, store: ActivationStore, geometry: MapGeometry, config: CalibrationConfig | None = None,
+            progress: Progress | None = None) -> RidgeMapper:
+        """Solve every target layer's key and value map on the store's train split (offline:
+        :func:`agentkv.handoff.offline.fit.fit_ridge`; a process that only maps never imports it)."""
+        from agentkv.handoff.offline.fit import fit_ridge
 
-
-def fit_layer(
-    store: ActivationStore, chosen: tuple[int, ...], layer: int, kind: str, config: CalibrationConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stream the train split into one float64 accumulator and solve. -> weight [k*W, W], bias [W] (float64)."""
-    source, target = store.source(kind), store.target(kind)
-    acc = RidgeAccumulator(len(chosen) * source.shape[2], target.shape[2])
-    for rows in store.chunks("train", config.chunk_rows):
-        acc.update(gather_features(source[:, rows], chosen), target[layer, rows])
-    return acc.solve(config.lam)
+        return fit_ridge(cls, store, geometry, config, progress)

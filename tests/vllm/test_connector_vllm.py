@@ -2,7 +2,7 @@
 mapped KV shows as external tokens and stays behind its handoff salt, and anything amiss is a re-prefill.
 
 One connector-enabled pair (fast, slow; the slow one configured with a fast -> slow ridge mapper calibrated on
-the tier's checkpoints by :func:`agentkv.handoff.calibrated.ensure_calibrated`) is started for the whole module
+the tier's checkpoints by :func:`agentkv.handoff.offline.calibrated.ensure_calibrated`) is started for the whole module
 and shares one export store.
 ``AGENTKV_CONNECTOR_REUSE=FAST_PORT,SLOW_PORT,STORE,MAPPER`` reuses such a pair already running (both started
 with ``VLLM_SERVER_DEV_MODE=1``), for a quick edit-test loop.
@@ -50,7 +50,7 @@ def pair(request, tmp_path_factory):
     from agentkv.vllm_plugin import connector_config, connector_pythonpath
     from agentkv.vllm_launch import VLLMServer, VLLMStartError, start_all
 
-    from agentkv.handoff.calibrated import ensure_calibrated
+    from agentkv.handoff.offline.calibrated import ensure_calibrated
 
     root = tmp_path_factory.mktemp("connector")
     mapper = ensure_calibrated(models.fast, models.slow, models.root / "mappers")  # fitted once per checkpoint pair

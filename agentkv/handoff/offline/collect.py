@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from agentkv.handoff.cache import KVCache
+from agentkv.handoff.mapping import flatten_layers
 from agentkv.handoff.rope import RopeTable, model_cos_sin, strip_rope
 
 Progress = Callable[[Iterable[Any], str], Iterable[Any]]
@@ -62,26 +63,6 @@ class ActivationStore:
     def target(self, kind: str) -> torch.Tensor:
         """``target_keys`` or ``target_values`` by kind."""
         return self.target_keys if kind == "keys" else self.target_values
-
-
-def flatten_layers(layers: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack per-layer tensors into rows.
-
-    layers[i]: [batch, heads, seq, head_dim] -> [layers, batch*seq, heads*head_dim]
-    """
-    stacked = torch.stack(tuple(layers))  # (L, B, H, T, D)
-    n_layers, batch, heads, seq, dim = stacked.shape
-    return stacked.permute(0, 1, 3, 2, 4).reshape(n_layers, batch * seq, heads * dim)  # -> (L, B*T, H*D)
-
-
-def unflatten_rows(rows: torch.Tensor, batch: int, heads: int) -> torch.Tensor:
-    """Inverse of one layer of :func:`flatten_layers`.
-
-    rows: [batch*seq, heads*head_dim] -> [batch, heads, seq, head_dim]
-    """
-    total, width = rows.shape
-    split = rows.reshape(batch, total // batch, heads, width // heads)  # (B*T, H*D) -> (B, T, H, D)
-    return split.permute(0, 2, 1, 3)  # (B, T, H, D) -> (B, H, T, D)
 
 
 def position_free_keys(cache: KVCache, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:

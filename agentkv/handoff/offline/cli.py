@@ -93,9 +93,9 @@ def _load_models(source: str, target: str, args: argparse.Namespace) -> tuple[An
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """Collect, rank, fit and evaluate; write the mapper to ``--out`` and print its tables."""
-    from agentkv.handoff.calibration import calibrate
-    from agentkv.handoff.config import CalibrationConfig, MLPConfig
-    from agentkv.handoff.corpus import token_sequences
+    from agentkv.handoff.offline.calibration import calibrate
+    from agentkv.handoff.offline.config import CalibrationConfig, MLPConfig
+    from agentkv.handoff.offline.corpus import token_sequences
     from agentkv.handoff.errors import SignatureMismatchError
 
     source, target, codec = _load_models(args.source, args.target, args)
@@ -126,8 +126,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def _reevaluate(folder: Path, manifest: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    from agentkv.handoff.corpus import token_sequences
-    from agentkv.handoff.evaluation import evaluate
+    from agentkv.handoff.offline.corpus import token_sequences
+    from agentkv.handoff.offline.evaluation import evaluate
     from agentkv.handoff.registry import MANIFEST, load_mapper
 
     source_spec = args.source or manifest.get("source_spec")
@@ -147,7 +147,7 @@ def _reevaluate(folder: Path, manifest: dict[str, Any], args: argparse.Namespace
 def _print_manifest(folder: Path, floor: float | None, manifest: dict[str, Any] | None = None) -> None:
     from agentkv.handoff.plan import DEFAULT_MIN_ATTENTION_COSINE
     from agentkv.handoff.registry import read_manifest
-    from agentkv.handoff.report import layer_table, print_tables, summary_table
+    from agentkv.handoff.offline.report import layer_table, print_tables, summary_table
 
     manifest = manifest or read_manifest(folder)
     floor = DEFAULT_MIN_ATTENTION_COSINE if floor is None else floor
@@ -161,8 +161,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """Time map vs re-prefill and print the table."""
     import torch
 
-    from agentkv.handoff.bench import format_rows
-    from agentkv.handoff.report import bench_table, print_tables
+    from agentkv.handoff.offline.bench import format_rows
+    from agentkv.handoff.offline.report import bench_table, print_tables
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -174,7 +174,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def _bench_models(args: argparse.Namespace) -> tuple[list[Any], str]:
     import torch
 
-    from agentkv.handoff.bench import bench_models
+    from agentkv.handoff.offline.bench import bench_models
     from agentkv.handoff.models import load_spec
     from agentkv.handoff.registry import load_mapper
 
@@ -192,7 +192,7 @@ def _bench_models(args: argparse.Namespace) -> tuple[list[Any], str]:
 def _bench_gpu(args: argparse.Namespace) -> tuple[list[Any], str]:
     import torch
 
-    from agentkv.handoff.bench import bench_shapes, qwen3_config
+    from agentkv.handoff.offline.bench import bench_shapes, qwen3_config
 
     device = "cuda" if args.device == "cpu" else args.device
     lengths = _lengths(args.lengths or GPU_BENCH_LENGTHS)

@@ -1,7 +1,7 @@
 """A calibrated mapper between two checkpoint folders, fitted once and kept under a digest of what decides it.
 
 What the real-vLLM tier, ``benchmarks/handoff_vllm.py`` and ``examples/vllm_handoff.py`` share: a ridge map
-from the fast checkpoint to the slow one, fitted by :func:`~agentkv.handoff.calibration.calibrate` on a slice of
+from the fast checkpoint to the slow one, fitted by :func:`~agentkv.handoff.offline.calibration.calibrate` on a slice of
 the standard library's text. A changed checkpoint, corpus or setting fits anew; an unchanged one costs nothing.
 
     folder = ensure_calibrated(models.fast, models.slow, models.root / "mappers")
@@ -42,9 +42,9 @@ def _config(checkpoint: str | Path) -> str:
 
 
 def _calibrate(spec: dict[str, object], folder: Path) -> None:
-    from agentkv.handoff.calibration import calibrate
-    from agentkv.handoff.config import CalibrationConfig
-    from agentkv.handoff.corpus import token_sequences
+    from agentkv.handoff.offline.calibration import calibrate
+    from agentkv.handoff.offline.config import CalibrationConfig
+    from agentkv.handoff.offline.corpus import token_sequences
     from agentkv.handoff.models import load_spec
 
     source, codec = load_spec(str(spec["source"]))

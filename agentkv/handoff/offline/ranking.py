@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from agentkv.handoff.collect import ActivationStore, Progress, no_progress
-from agentkv.handoff.linalg import R2Accumulator, RidgeAccumulator
+from agentkv.handoff.offline.collect import ActivationStore, Progress, no_progress
+from agentkv.handoff.offline.linalg import R2Accumulator, RidgeAccumulator
 from agentkv.handoff.mapping import KINDS
 
 

@@ -14,14 +14,14 @@ from typing import Any, Sequence
 
 import torch
 
-from agentkv.handoff.collect import ActivationStore, Progress, collect_from_models, heldout_count, no_progress
-from agentkv.handoff.config import CalibrationConfig
+from agentkv.handoff.offline.collect import ActivationStore, Progress, collect_from_models, heldout_count, no_progress
+from agentkv.handoff.offline.config import CalibrationConfig
 from agentkv.handoff.errors import HandoffError, SignatureMismatchError
 from agentkv.handoff.learned import LearnedMapper
-from agentkv.handoff.linalg import R2Accumulator
+from agentkv.handoff.offline.linalg import R2Accumulator
 from agentkv.handoff.mapping import KINDS, MapGeometry, gather_features
 from agentkv.handoff.models import signature_of
-from agentkv.handoff.ranking import select_layers, single_layer_r2
+from agentkv.handoff.offline.ranking import select_layers, single_layer_r2
 from agentkv.handoff.registry import get_factory
 from agentkv.handoff.rope import RopeTable
 from agentkv.handoff.signature import SignaturePair
@@ -82,7 +82,7 @@ def calibrate(
     and give the evaluation figures stored with the mapper. Models whose signatures name different
     tokenizers are refused (:class:`SignatureMismatchError`): the same ids would be different text.
     """
-    from agentkv.handoff.evaluation import evaluate
+    from agentkv.handoff.offline.evaluation import evaluate
 
     pair = SignaturePair(signature_of(source), signature_of(target))
     refused = pair.source.tokenizer_mismatch(pair.target)

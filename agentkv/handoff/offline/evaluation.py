@@ -23,8 +23,9 @@ import torch
 from torch.nn import functional as F
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.collect import Progress, flatten_layers, no_progress, prefill_cache
-from agentkv.handoff.linalg import R2Accumulator
+from agentkv.handoff.mapping import flatten_layers
+from agentkv.handoff.offline.collect import Progress, no_progress, prefill_cache
+from agentkv.handoff.offline.linalg import R2Accumulator
 from agentkv.handoff.models import attention_modules, forward_with_cache, model_device, signature_of
 from agentkv.handoff.protocol import KVMapper
 from agentkv.handoff.rope import apply_rope, model_cos_sin

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from agentkv.handoff.cache import KVCache
-from agentkv.handoff.collect import prefill_cache
+from agentkv.handoff.offline.collect import prefill_cache
 from agentkv.handoff.mapping import KINDS, MapGeometry
 from agentkv.handoff.models import model_device, signature_of
 from agentkv.handoff.ridge import RidgeMapper
