@@ -7,43 +7,114 @@
     with Session(fast=fast, slow=slow, tenant="acme") as s:
         resp = s.completion(messages=messages, tools=tools, max_tokens=4096)
 
-``import agentkv`` is cheap: litellm, torch and transformers are imported where they are used.
+``import agentkv`` is cheap: every name loads on first use, and litellm, torch and transformers are imported
+where they are used.
 """
 
-from agentkv._http import HttpError, HttpTransport
-from agentkv._session import Attempt, Observation, Session, TurnEnd
-from agentkv.backends import Backend
-from agentkv.discovery import WindowDiscovery
-from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError, InvalidRequestError
-from agentkv.handoff.escalation import Handoff
-from agentkv.prefix import PrefixReport
-from agentkv.protocols import CompletionClient, SessionLike
-from agentkv.react import RunResult, Tool
-from agentkv.retry import RetryPolicy
-from agentkv.routing import RouteDecision, RoutePolicy
-from agentkv.stats import LedgerEntry
-from agentkv.tokens import TokenCount
-from agentkv.toolschema import function_schema
-from agentkv.warm import WarmAheadPolicy
+from typing import TYPE_CHECKING
 
-# The pure core and its value types, exported by their own modules and kept importable from here for code
-# written before (not in __all__: import them from agentkv.routing, .overflow, .warm, .tokens, .tenancy, ...).
-from agentkv.backends import WindowInfo as WindowInfo  # noqa: E402
-from agentkv.discovery import default_discovery as default_discovery  # noqa: E402
-from agentkv.overflow import Overflow as Overflow, overflow_from_error as overflow_from_error  # noqa: E402
-from agentkv.overflow import parse_overflow as parse_overflow  # noqa: E402
-from agentkv.routing import Recovery as Recovery, decide_route as decide_route  # noqa: E402
-from agentkv.routing import plan_recovery as plan_recovery  # noqa: E402
-from agentkv.tenancy import derive_cache_salt as derive_cache_salt  # noqa: E402
-from agentkv.tokens import Payload as Payload, TokenCounter as TokenCounter  # noqa: E402
-from agentkv.tokens import payload_from_request as payload_from_request  # noqa: E402
-from agentkv.warm import CooldownMap as CooldownMap, WarmDecision as WarmDecision  # noqa: E402
-from agentkv.warm import decide_warm as decide_warm  # noqa: E402
+from agentkv._lazy import lazy_exports
 
-# Bound last: ``agentkv.session`` is the decorator (the Session class lives in ``agentkv._session``).
-from agentkv.decorator import (  # noqa: E402
-    NoSessionError, acompletion, completion, configure, current_session, session,
-)
+if TYPE_CHECKING:
+    from agentkv._http import HttpError as HttpError
+    from agentkv._http import HttpTransport as HttpTransport
+    from agentkv._session import Attempt as Attempt
+    from agentkv._session import Observation as Observation
+    from agentkv._session import Session as Session
+    from agentkv._session import TurnEnd as TurnEnd
+    from agentkv.backends import Backend as Backend
+    from agentkv.discovery import WindowDiscovery as WindowDiscovery
+    from agentkv.errors import AgentKVError as AgentKVError
+    from agentkv.errors import ConfigurationError as ConfigurationError
+    from agentkv.errors import ContextOverflowError as ContextOverflowError
+    from agentkv.errors import InvalidRequestError as InvalidRequestError
+    from agentkv.handoff.escalation import Handoff as Handoff
+    from agentkv.prefix import PrefixReport as PrefixReport
+    from agentkv.protocols import CompletionClient as CompletionClient
+    from agentkv.protocols import SessionLike as SessionLike
+    from agentkv.react import RunResult as RunResult
+    from agentkv.react import Tool as Tool
+    from agentkv.retry import RetryPolicy as RetryPolicy
+    from agentkv.routing import RouteDecision as RouteDecision
+    from agentkv.routing import RoutePolicy as RoutePolicy
+    from agentkv.stats import LedgerEntry as LedgerEntry
+    from agentkv.tokens import TokenCount as TokenCount
+    from agentkv.toolschema import function_schema as function_schema
+    from agentkv.warm import WarmAheadPolicy as WarmAheadPolicy
+    from agentkv.backends import WindowInfo as WindowInfo
+    from agentkv.discovery import default_discovery as default_discovery
+    from agentkv.overflow import Overflow as Overflow
+    from agentkv.overflow import overflow_from_error as overflow_from_error
+    from agentkv.overflow import parse_overflow as parse_overflow
+    from agentkv.routing import Recovery as Recovery
+    from agentkv.routing import decide_route as decide_route
+    from agentkv.routing import plan_recovery as plan_recovery
+    from agentkv.tenancy import derive_cache_salt as derive_cache_salt
+    from agentkv.tokens import Payload as Payload
+    from agentkv.tokens import TokenCounter as TokenCounter
+    from agentkv.tokens import payload_from_request as payload_from_request
+    from agentkv.warm import CooldownMap as CooldownMap
+    from agentkv.warm import WarmDecision as WarmDecision
+    from agentkv.warm import decide_warm as decide_warm
+    from agentkv.decorator import NoSessionError as NoSessionError
+    from agentkv.decorator import acompletion as acompletion
+    from agentkv.decorator import completion as completion
+    from agentkv.decorator import configure as configure
+    from agentkv.decorator import current_session as current_session
+    from agentkv.decorator import session as session
+
+# Every name loads on first use (PEP 562): ``import agentkv`` costs next to nothing, and a program pays for the parts
+# it touches (``from agentkv import Backend`` does not import the Session; ``from agentkv import Session`` imports
+# neither the gateway nor torch). The pure core's names (decide_route, plan_recovery, parse_overflow, ...) stay
+# importable from here for code written before; their own modules export them (they are not in __all__).
+_EXPORTS = {
+    "HttpError": "agentkv._http",
+    "HttpTransport": "agentkv._http",
+    "Attempt": "agentkv._session",
+    "Observation": "agentkv._session",
+    "Session": "agentkv._session",
+    "TurnEnd": "agentkv._session",
+    "Backend": "agentkv.backends",
+    "WindowDiscovery": "agentkv.discovery",
+    "AgentKVError": "agentkv.errors",
+    "ConfigurationError": "agentkv.errors",
+    "ContextOverflowError": "agentkv.errors",
+    "InvalidRequestError": "agentkv.errors",
+    "Handoff": "agentkv.handoff.escalation",
+    "PrefixReport": "agentkv.prefix",
+    "CompletionClient": "agentkv.protocols",
+    "SessionLike": "agentkv.protocols",
+    "RunResult": "agentkv.react",
+    "Tool": "agentkv.react",
+    "RetryPolicy": "agentkv.retry",
+    "RouteDecision": "agentkv.routing",
+    "RoutePolicy": "agentkv.routing",
+    "LedgerEntry": "agentkv.stats",
+    "TokenCount": "agentkv.tokens",
+    "function_schema": "agentkv.toolschema",
+    "WarmAheadPolicy": "agentkv.warm",
+    "WindowInfo": "agentkv.backends",
+    "default_discovery": "agentkv.discovery",
+    "Overflow": "agentkv.overflow",
+    "overflow_from_error": "agentkv.overflow",
+    "parse_overflow": "agentkv.overflow",
+    "Recovery": "agentkv.routing",
+    "decide_route": "agentkv.routing",
+    "plan_recovery": "agentkv.routing",
+    "derive_cache_salt": "agentkv.tenancy",
+    "Payload": "agentkv.tokens",
+    "TokenCounter": "agentkv.tokens",
+    "payload_from_request": "agentkv.tokens",
+    "CooldownMap": "agentkv.warm",
+    "WarmDecision": "agentkv.warm",
+    "decide_warm": "agentkv.warm",
+    "NoSessionError": "agentkv.decorator",
+    "acompletion": "agentkv.decorator",
+    "completion": "agentkv.decorator",
+    "configure": "agentkv.decorator",
+    "current_session": "agentkv.decorator",
+    "session": "agentkv.decorator",
+}
 
 __version__ = "0.1.0"
 
@@ -82,3 +153,5 @@ __all__ = [
     "function_schema",
     "session",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -1,4 +1,6 @@
-"""Print `import agentkv` time next to `import litellm` time, each in a fresh interpreter, in one run.
+"""Print `import agentkv` and `from agentkv import Session` times next to `import litellm`, each in a fresh
+interpreter, in one run (every name of agentkv loads on first use: the second figure is what a program that makes a
+Session pays).
 
     python benchmarks/import_time.py
 """
@@ -10,13 +12,13 @@ import statistics
 import subprocess
 import sys
 
-SNIPPET = "import time; t = time.perf_counter(); import {mod}; print(time.perf_counter() - t)"
+SNIPPET = "import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
 
 
-def measure(module: str, repeats: int = 3) -> float:
+def measure(statement: str, repeats: int = 5) -> float:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     times = [
-        float(subprocess.run([sys.executable, "-c", SNIPPET.format(mod=module)], env=env, check=True,
+        float(subprocess.run([sys.executable, "-c", SNIPPET.format(statement=statement)], env=env, check=True,
                              capture_output=True, text=True).stdout.strip().splitlines()[-1])
         for _ in range(repeats)
     ]
@@ -24,14 +26,16 @@ def measure(module: str, repeats: int = 3) -> float:
 
 
 def main() -> None:
-    agentkv_s = measure("agentkv")
-    litellm_s = measure("litellm")
+    agentkv_s = measure("import agentkv")
+    session_s = measure("from agentkv import Session")
+    litellm_s = measure("import litellm")
     heavy = subprocess.run(
         [sys.executable, "-c",
          "import sys, agentkv; print(sorted(m for m in ('litellm','torch','transformers') if m in sys.modules))"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
     print(f"import agentkv : {agentkv_s * 1000:8.1f} ms   (heavy modules loaded: {heavy})")
+    print(f"from agentkv import Session : {session_s * 1000:8.1f} ms")
     print(f"import litellm : {litellm_s * 1000:8.1f} ms")
     print(f"ratio litellm/agentkv: {litellm_s / agentkv_s:.1f}x")
 

@@ -22,30 +22,31 @@ from typing import TYPE_CHECKING
 
 from agentkv._lazy import lazy_exports
 
-from agentkv.handoff.cache import KVCache
-from agentkv.handoff.engines import HandoffResult, handoff_prefix
-from agentkv.handoff.escalation import Handoff, HandoffOutcome
-from agentkv.handoff.errors import (
-    HandoffError,
-    MapperFileError,
-    NotMappableError,
-    SignatureMismatchError,
-    UnknownMapperError,
-)
-from agentkv.handoff.plan import DEFAULT_MIN_ATTENTION_COSINE, HandoffPlan, choose_handoff, log_plan
-from agentkv.handoff.protocol import KVMapper
-from agentkv.handoff.registry import (
-    ENTRY_POINT_GROUP,
-    available_mappers,
-    create_mapper,
-    get_factory,
-    load_mapper,
-    register_mapper,
-    unregister_mapper,
-)
-from agentkv.handoff.signature import ModelSignature, SignaturePair
-
 if TYPE_CHECKING:
+    from agentkv.handoff.cache import KVCache
+    from agentkv.handoff.engines import HandoffResult
+    from agentkv.handoff.engines import handoff_prefix
+    from agentkv.handoff.escalation import Handoff
+    from agentkv.handoff.escalation import HandoffOutcome
+    from agentkv.handoff.errors import HandoffError
+    from agentkv.handoff.errors import MapperFileError
+    from agentkv.handoff.errors import NotMappableError
+    from agentkv.handoff.errors import SignatureMismatchError
+    from agentkv.handoff.errors import UnknownMapperError
+    from agentkv.handoff.plan import DEFAULT_MIN_ATTENTION_COSINE
+    from agentkv.handoff.plan import HandoffPlan
+    from agentkv.handoff.plan import choose_handoff
+    from agentkv.handoff.plan import log_plan
+    from agentkv.handoff.protocol import KVMapper
+    from agentkv.handoff.registry import ENTRY_POINT_GROUP
+    from agentkv.handoff.registry import available_mappers
+    from agentkv.handoff.registry import create_mapper
+    from agentkv.handoff.registry import get_factory
+    from agentkv.handoff.registry import load_mapper
+    from agentkv.handoff.registry import register_mapper
+    from agentkv.handoff.registry import unregister_mapper
+    from agentkv.handoff.signature import ModelSignature
+    from agentkv.handoff.signature import SignaturePair
     from agentkv.handoff.offline.calibration import calibrate, fit_store
     from agentkv.handoff.offline.config import CalibrationConfig, MLPConfig
     from agentkv.handoff.offline.evaluation import Evaluation, evaluate
@@ -53,6 +54,30 @@ if TYPE_CHECKING:
     from agentkv.handoff.ridge import RidgeMapper
 
 _LAZY = {
+    "KVCache": "agentkv.handoff.cache",
+    "HandoffResult": "agentkv.handoff.engines",
+    "handoff_prefix": "agentkv.handoff.engines",
+    "Handoff": "agentkv.handoff.escalation",
+    "HandoffOutcome": "agentkv.handoff.escalation",
+    "HandoffError": "agentkv.handoff.errors",
+    "MapperFileError": "agentkv.handoff.errors",
+    "NotMappableError": "agentkv.handoff.errors",
+    "SignatureMismatchError": "agentkv.handoff.errors",
+    "UnknownMapperError": "agentkv.handoff.errors",
+    "DEFAULT_MIN_ATTENTION_COSINE": "agentkv.handoff.plan",
+    "HandoffPlan": "agentkv.handoff.plan",
+    "choose_handoff": "agentkv.handoff.plan",
+    "log_plan": "agentkv.handoff.plan",
+    "KVMapper": "agentkv.handoff.protocol",
+    "ENTRY_POINT_GROUP": "agentkv.handoff.registry",
+    "available_mappers": "agentkv.handoff.registry",
+    "create_mapper": "agentkv.handoff.registry",
+    "get_factory": "agentkv.handoff.registry",
+    "load_mapper": "agentkv.handoff.registry",
+    "register_mapper": "agentkv.handoff.registry",
+    "unregister_mapper": "agentkv.handoff.registry",
+    "ModelSignature": "agentkv.handoff.signature",
+    "SignaturePair": "agentkv.handoff.signature",
     "CalibrationConfig": "agentkv.handoff.offline.config",
     "MLPConfig": "agentkv.handoff.offline.config",
     "calibrate": "agentkv.handoff.offline.calibration",

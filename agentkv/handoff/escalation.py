@@ -28,7 +28,7 @@ from agentkv._http import HttpTransport
 from agentkv.backends import Backend
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
-from agentkv.handoff.plan import REPLAY
+from agentkv.handoff.protocol import DEFAULT_MIN_ATTENTION_COSINE, REPLAY
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
 
@@ -57,11 +57,11 @@ class Handoff:
 
     def __init__(self, backend: str = REPLAY, mapper: Any = None, *, min_attention_cosine: float | None = None,
                  via: str = "engines", mapper_name: str | None = None, export_timeout_s: float = 60.0) -> None:
-        from agentkv.handoff.plan import DEFAULT_MIN_ATTENTION_COSINE
-        from agentkv.handoff.registry import available_mappers
+        if backend != REPLAY:  # replay is always there: the registry (and its entry points) load for a mapper only
+            from agentkv.handoff.registry import available_mappers
 
-        if backend not in available_mappers():
-            raise ConfigurationError(f"handoff={backend!r} is not a registered KV mapper; have {available_mappers()}")
+            if backend not in available_mappers():
+                raise ConfigurationError(f"handoff={backend!r} is not a registered KV mapper; have {available_mappers()}")
         if backend not in (REPLAY, "identity") and mapper is None:
             raise ConfigurationError(f"handoff={backend!r} needs mapper= (a saved mapper directory or a KVMapper)")
         if via not in ("engines", "vllm"):

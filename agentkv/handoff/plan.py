@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from agentkv.handoff.protocol import KVMapper
+from agentkv.handoff.protocol import DEFAULT_MIN_ATTENTION_COSINE, REPLAY, KVMapper
 from agentkv.handoff.registry import create_mapper
 from agentkv.handoff.signature import ModelSignature
 
-DEFAULT_MIN_ATTENTION_COSINE = 0.95
-REPLAY = "replay"
+__all__ = ["DEFAULT_MIN_ATTENTION_COSINE", "REPLAY", "HandoffPlan", "choose_handoff", "log_plan"]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from agentkv.handoff.errors import SignatureMismatchError
 from agentkv.handoff.signature import SignaturePair
 
+REPLAY = "replay"
+"""The default backend: no bytes move; the target prefills the tokens again, its prefix cache doing the work."""
+
+DEFAULT_MIN_ATTENTION_COSINE = 0.95
+"""The quality gate's floor (:func:`~agentkv.handoff.plan.choose_handoff`): a mapper whose held-out attention-output
+cosine is lower replays."""
+
 if TYPE_CHECKING:
     import torch
 
