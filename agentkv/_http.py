@@ -1,9 +1,16 @@
-"""The one HTTP seam: JSON GET and POST (and text GET for ``/metrics``), sync and async, over pooled httpx clients.
+"""The one HTTP seam: JSON GET and POST (and text GET for ``/metrics``), sync and async, and a raw POST whose answer
+is read as it arrives.
 
-Everything agentkv asks a server outside a completion (``GET /v1/models``, ``POST /tokenize``, ``GET /metrics``) goes
-through an :class:`HttpTransport`. The default (:func:`default_http`) keeps one pooled
-``httpx.Client`` per process and one ``httpx.AsyncClient`` per event loop; tests hand in
-:class:`agentkv.testing.FakeHttp`, whose one handler serves the sync and the async path alike.
+Everything agentkv asks a server outside a litellm completion goes through an :class:`HttpTransport`: the Session's
+``GET /v1/models``, ``POST /tokenize``, ``GET /metrics``, its raw warm-ahead and export POSTs, and the gateway's relayed
+requests (:meth:`HttpTransport.post`, a stream passed on chunk by chunk). Two implementations:
+
+- :class:`HttpxTransport` (the default, :func:`default_http`): one pooled ``httpx.Client`` per process and one
+  ``httpx.AsyncClient`` per event loop;
+- :class:`agentkv.gateway.upstream.Upstream`: the gateway's lean HTTP/1.1 client for its relayed POSTs (a tenth of
+  httpx's CPU per request), with its JSON calls served by an :class:`HttpxTransport` it holds;
+
+and one fake, :class:`agentkv.testing.FakeHttp`, whose one handler serves the sync, the async and the raw path alike.
 
 ``timeout_s`` is a deadline for the whole call (connect, send, every byte of the answer), not a bound per
 read: a server trickling its answer a byte at a time is cut off at ``timeout_s`` (``HttpError.timed_out``).
@@ -21,11 +28,12 @@ import asyncio
 import re
 import threading
 import weakref
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
 
 from agentkv._defaults import process_default
 
-__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpError", "HttpTransport", "HttpxTransport", "default_http", "redact_url"]
+__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpAnswer", "HttpError", "HttpTransport", "HttpxTransport", "StartedPost",
+           "default_http", "redact_url"]
 
 
 class HttpError(Exception):
@@ -37,10 +45,45 @@ class HttpError(Exception):
         self.timed_out = timed_out
 
 
+class HttpAnswer(Protocol):
+    """A raw POST's answer (:meth:`HttpTransport.post`): ``status_code``, ``headers`` (names lower-cased), and a body
+    read once, whole or as it arrives. Closing it before its end closes its connection (the backend aborts)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StartedPost(Protocol):
+    """A raw POST already on the wire (:meth:`HttpTransport.start`): await its answer, or cancel it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    async def response(self) -> HttpAnswer: ...
+
+    def cancel(self) -> None: ...
+
+
 @runtime_checkable
 class HttpTransport(Protocol):
-    """JSON over HTTP (and text for Prometheus' ``/metrics``). Every method returns the parsed body (the text,
-    for ``get_text``) or raises :class:`HttpError`."""
+    """JSON over HTTP (and text for Prometheus' ``/metrics``): every such method returns the parsed body (the text,
+    for ``get_text``) or raises :class:`HttpError`. And a raw POST (:meth:`post`) whose answer's body is left unread,
+    its failures raised as httpx's errors (the kinds :func:`agentkv.retry.outage_cause` reads); :meth:`start` writes
+    one at once when the transport can (None when it cannot: the caller then awaits :meth:`post`)."""
 
     def get_json(self, url: str, *, timeout_s: float) -> Any: ...
 
@@ -54,6 +97,12 @@ class HttpTransport(Protocol):
 
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any: ...
 
+    async def post(self, url: str, content: bytes) -> HttpAnswer: ...
+
+    def start(self, url: str, content: bytes) -> StartedPost | None: ...
+
+    async def aclose(self) -> None: ...
+
 
 DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
@@ -61,11 +110,15 @@ DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 class HttpxTransport:
     """:class:`HttpTransport` over httpx: one pooled sync client, one async client per event loop.
 
-    ``max_answer_bytes``: the largest answer read (decoded); a larger one is an :class:`HttpError`.
+    ``max_answer_bytes``: the largest JSON answer read (decoded); a larger one is an :class:`HttpError`.
+    ``connect_timeout_s`` / ``read_timeout_s``: a raw :meth:`post`'s bounds (no byte for that long is a timeout), and
+    ``max_raw_bytes`` the largest raw answer :meth:`HttpAnswer.aread` reads whole (a stream is passed on as it comes).
     """
 
-    def __init__(self, *, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+    def __init__(self, *, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, connect_timeout_s: float = 5.0,
+                 read_timeout_s: float = 600.0, max_raw_bytes: int = 64 << 20) -> None:
         self.max_answer_bytes = max_answer_bytes
+        self.connect_timeout_s, self.read_timeout_s, self.max_raw_bytes = connect_timeout_s, read_timeout_s, max_raw_bytes
         self._lock = threading.Lock()
         self._sync: Any = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
@@ -87,6 +140,27 @@ class HttpxTransport:
 
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
         return await self._asend("POST", url, body, timeout_s)
+
+    async def post(self, url: str, content: bytes) -> HttpAnswer:
+        """POST ``content`` (JSON) to ``url``; returns once the answer's headers are in (its body unread)."""
+        import httpx
+
+        client = self._async_client()
+        timeout = httpx.Timeout(self.read_timeout_s, connect=self.connect_timeout_s)
+        request = client.build_request("POST", url, content=content, timeout=timeout,
+                                       headers={"content-type": "application/json"})
+        return _HttpxAnswer(await client.send(request, stream=True), self.max_raw_bytes)
+
+    def start(self, url: str, content: bytes) -> StartedPost | None:
+        """None: httpx writes a request only when its answer is awaited (:meth:`post`)."""
+        return None
+
+    async def aclose(self) -> None:
+        """Close this event loop's async client (the next call on it opens another)."""
+        with self._lock:
+            client = self._async.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
 
     def _send(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None) -> Any:
         import httpx
@@ -143,6 +217,39 @@ class HttpxTransport:
                 client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=32))
                 self._async[loop] = client
             return client
+
+
+class _HttpxAnswer:
+    """An httpx streamed response as an :class:`HttpAnswer`."""
+
+    def __init__(self, response: Any, max_bytes: int) -> None:
+        self._response, self._max_bytes = response, max_bytes
+        self.status_code: int = response.status_code
+        self.headers: dict[str, str] = {k.lower(): v for k, v in response.headers.items()}
+        self._closing: Any = None
+
+    async def aread(self) -> bytes:
+        import httpx
+
+        chunks, size = [], 0
+        async for chunk in self.aiter_raw():
+            size += len(chunk)
+            if size > self._max_bytes:
+                await self.aclose()
+                raise httpx.RemoteProtocolError(f"the backend's answer is over {self._max_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_raw()  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+    def close(self) -> None:
+        """:meth:`aclose` for callers that cannot wait: run as a task on the running loop (kept until it is done)."""
+        if self._closing is None and not self._response.is_closed:
+            self._closing = asyncio.get_running_loop().create_task(self._response.aclose())
 
 
 class _Capped:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any, AsyncIterator, Callable, Iterator, MutableMapping
 
 from agentkv._http import HttpError
 
@@ -55,11 +56,16 @@ Handler = Callable[[str, str, Any], Any]
 
 
 class FakeHttp:
-    """The HTTP seam (:class:`agentkv._http.HttpTransport`) served by one handler, sync and async alike.
+    """The HTTP seam (:class:`agentkv.HttpTransport`) served by one handler: sync, async and raw alike.
 
     ``handler(method, url, body)`` returns the JSON answer (the text, for ``get_text``), or ``(status, answer)``;
     it may raise :class:`agentkv._http.HttpError` (a status, or ``timed_out=True``). ``latency_s`` delays each answer
     (``time.sleep`` on the sync path, ``asyncio.sleep`` on the async one). Every call is recorded.
+
+    A raw :meth:`post` (the gateway's relayed requests) hands the handler the parsed JSON body; its answer is
+    ``(status, answer)`` or the answer alone (200): a JSON value, ``bytes`` as they are, or a list of ``bytes``
+    passed on as a stream (``text/event-stream``) one chunk at a time. The handler may raise httpx's errors
+    (``httpx.ConnectError``...), as a transport that could not reach the backend does.
 
         http = FakeHttp(lambda method, url, body: models_answer("m", 4096))
         WindowDiscovery(http=http); Session(..., http=http)
@@ -96,6 +102,23 @@ class FakeHttp:
     async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
         return await self._async("POST", url, body, timeout_s)
 
+    async def post(self, url: str, content: bytes) -> "FakeAnswer":
+        """A raw POST: the handler's answer as a :class:`FakeAnswer`, its body unread."""
+        body = json.loads(content)
+        self._record(HttpCall("POST", url, body, True, False))
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        result = self.handler("POST", url, body)
+        status, answer = result if isinstance(result, tuple) else (200, result)
+        return FakeAnswer(status, answer)
+
+    def start(self, url: str, content: bytes) -> None:
+        """None: the fake writes a request only when its answer is awaited (:meth:`post`)."""
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
     def _sync(self, method: str, url: str, body: Any, timeout_s: float) -> Any:
         self._record(HttpCall(method, url, body, False, _loop_running()))
         if self.latency_s:
@@ -113,6 +136,36 @@ class FakeHttp:
     def _record(self, call: HttpCall) -> None:
         with self._lock:
             self.calls.append(call)
+
+
+class FakeAnswer:
+    """A raw answer of :class:`FakeHttp` (an :class:`agentkv._http.HttpAnswer`): ``answer`` is a JSON value, ``bytes``,
+    or a list of ``bytes`` chunks (a stream); ``closed`` says whether the caller closed it."""
+
+    def __init__(self, status_code: int, answer: Any) -> None:
+        self.status_code = status_code
+        if isinstance(answer, list) and all(isinstance(chunk, bytes) for chunk in answer):
+            self._chunks, kind = list(answer), "text/event-stream"
+        else:
+            raw = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
+            self._chunks, kind = [raw], "application/json"
+        self.headers = {"content-type": kind}
+        self.closed = False
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_raw()])
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            if self.closed:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def models_answer(model_id: str, max_model_len: int | None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The HTTP seam: the async drivers never make a sync HTTP call on the event loop, and one fake serves both paths."""
 
 import asyncio
+import json
 
 import pytest
 from raw_server import RawServer, json_answer
@@ -181,3 +182,80 @@ def test_a_whole_answer_within_the_bounds_still_parses(asynchronous):
         else:
             answers = [transport.get_json(server.url + "/v1/models", timeout_s=2.0) for _ in range(2)]
     assert answers == [models_answer("fast-m", 2048)] * 2
+
+
+# ----------------------------------------------------------------------------- one seam, two implementations, one fake
+
+def _relayed(upstream, fast, slow, body, models=("fast-m", "slow-m")):
+    """``body`` through the gateway's relay over ``upstream`` (any HttpTransport): (status, content type, body bytes
+    or the joined stream, the Session)."""
+    from agentkv.gateway.config import GatewayConfig
+    from agentkv.gateway.context import GatewayContext
+    from agentkv.gateway.relay import relay
+
+    async def run():
+        ctx = GatewayContext(GatewayConfig(fast_url=fast, fast_model=models[0], slow_url=slow, slow_model=models[1]),
+                             upstream=upstream)
+        session = ctx.session("anonymous", "c1")
+        reply = await relay(ctx, session, body)
+        content = reply.body if reply.chunks is None else b"".join([c async for c in reply.chunks])
+        if reply.finish is not None:
+            reply.finish()
+        await ctx.aclose()
+        return reply.status, reply.content_type, content, session
+
+    return asyncio.run(run())
+
+
+def test_every_implementation_is_the_one_http_transport():
+    """The httpx transport, the gateway's lean client and the fake all satisfy the one HttpTransport Protocol."""
+    from agentkv import HttpTransport
+    from agentkv._http import HttpxTransport
+    from agentkv.gateway.upstream import Upstream
+
+    for transport in (HttpxTransport(), Upstream(), FakeHttp(vllm_like)):
+        assert isinstance(transport, HttpTransport), type(transport).__name__
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_the_gateway_relays_over_the_fake_which_also_serves_the_sessions_json_calls(stream):
+    """The relay's raw POSTs and the Session's JSON calls (discovery) go through one FakeHttp: a JSON answer comes back
+    whole, a stream chunk by chunk, and the Session records the stream's usage."""
+    answer = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
+              "content": "ok"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+    chunks = [b'data: {"choices": [{"index": 0, "delta": {"content": "ok"}}]}\n\n',
+              b'data: {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1, '
+              b'"prompt_tokens_details": {"cached_tokens": 0}}}\n\n', b"data: [DONE]\n\n"]
+
+    def handler(method, url, body):
+        if url.endswith("/chat/completions") and body.get("max_tokens") != 1:
+            return chunks if body.get("stream") else answer
+        return vllm_like(method, url, body)
+
+    http = FakeHttp(handler)
+    body = {"model": "fast-m", "messages": [SYSTEM, {"role": "user", "content": "hi"}], "max_tokens": 8,
+            **({"stream": True, "stream_options": {"include_usage": True}} if stream else {})}
+    status, kind, content, session = _relayed(http, FAST, SLOW, body)
+    assert status == 200 and content == (b"".join(chunks) if stream else json.dumps(answer).encode())
+    assert kind == ("text/event-stream" if stream else "application/json")
+    posted = [c for c in http.calls if c.url.endswith("/chat/completions")]
+    assert [c.body["messages"] for c in posted] == [body["messages"]]
+    assert any(c.url.endswith("/models") for c in http.calls)  # the Session's discovery, through the same fake
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_the_gateway_relays_over_the_httpx_transport_too(servers, stream):
+    """The relay over HttpxTransport (the other implementation) against the embedded servers: a JSON answer whole, a
+    stream passed on to its end, as over the lean client."""
+    from agentkv._http import HttpxTransport
+
+    fast, slow = servers
+    body = {"model": fast.model_id, "messages": [SYSTEM, {"role": "user", "content": "hi"}], "max_tokens": 4,
+            **({"stream": True} if stream else {})}
+    status, kind, content, _ = _relayed(HttpxTransport(), fast.api_base, slow.api_base, body,
+                                        models=(fast.model_id, slow.model_id))
+    assert status == 200, content[:300]
+    if stream:
+        assert kind.startswith("text/event-stream") and content.rstrip().endswith(b"data: [DONE]")
+    else:
+        assert json.loads(content)["choices"][0]["message"]["role"] == "assistant"

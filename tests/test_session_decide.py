@@ -114,23 +114,6 @@ class Backends:
         return httpx.Response(200, json=_answer())
 
 
-class FakeUpstream:
-    """The gateway's upstream client over :class:`Backends`."""
-
-    def __init__(self, backends):
-        self.backends = backends
-
-    def start(self, url, content):
-        return None
-
-    async def post(self, url, content):
-        self.backends.hit(url)
-        raise AssertionError("slow cannot hold the request: the gateway must not send it there")
-
-    async def aclose(self):
-        return None
-
-
 def _drive(entry, s, backends):
     """One turn through ``entry``: what the caller got ("error" when the turn raised) and how often slow was sent to."""
     body = {"model": "fast-m", "messages": LONG, "max_tokens": 8}
@@ -165,8 +148,9 @@ def _drive(entry, s, backends):
     from agentkv.gateway.context import GatewayContext
     from agentkv.gateway.relay import relay
 
+    upstream = FakeHttp(lambda method, url, body: backends.hit(url) or _answer())  # the one fake, raw POSTs too
     ctx = GatewayContext(GatewayConfig(fast_url=FAST, fast_model="fast-m", slow_url=SLOW, slow_model="slow-m"),
-                         upstream=FakeUpstream(backends))
+                         upstream=upstream)
     reply = asyncio.run(relay(ctx, s, body))
     return "error" if reply.status == 502 else f"answered {reply.status}"
 

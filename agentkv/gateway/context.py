@@ -10,15 +10,16 @@ import time
 from typing import Any
 
 import agentkv._env as _env
+from agentkv._http import HttpAnswer, HttpTransport
 from agentkv._session import Session
 from agentkv.backends import Backend
-from agentkv.discovery import WindowDiscovery, discovery_for
+from agentkv.discovery import WindowDiscovery
 from agentkv.events import digest, emit
 from agentkv.gateway.auth import ANONYMOUS, ApiKeys, bearer_token, load_api_keys, salt_secret
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.metrics import GatewayMetrics
 from agentkv.gateway.sessions import SessionMap
-from agentkv.gateway.upstream import Upstream, UpstreamResponse
+from agentkv.gateway.upstream import Upstream
 from agentkv.state import InProcessStore, StateStore
 from agentkv.state.config import redis_store_for
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
@@ -46,7 +47,7 @@ def session_id(conversation: str) -> str:
 class GatewayContext:
     """One gateway process's shared state. ``upstream`` replaces the upstream client, ``state`` the store (tests)."""
 
-    def __init__(self, config: GatewayConfig, *, upstream: Upstream | None = None,
+    def __init__(self, config: GatewayConfig, *, upstream: HttpTransport | None = None,
                  state: StateStore | None = None) -> None:
         self.config = config
         self.created = int(time.time())
@@ -58,16 +59,17 @@ class GatewayContext:
         self.warm_ahead = WarmAheadPolicy(max_sessions=config.max_sessions)
         self.state: StateStore = state or (redis_store_for(redis_url) if redis_url else InProcessStore(
             CooldownMap(config.max_sessions, self.warm_ahead.cooldown_s), InFlightLimit(self.warm_ahead.max_in_flight)))
+        # all of the gateway's HTTP goes through one seam: the relayed POSTs (pooled keep-alive connections,
+        # agentkv.gateway.upstream: no auth, redirects or cookies), discovery, /tokenize and warms
+        self.upstream: HttpTransport = upstream or Upstream(connect_timeout_s=config.connect_timeout_s,
+                                                            read_timeout_s=config.read_timeout_s)
         # windows are discovered per gateway (a Redis store shares them, and corrections, with every process)
-        self.discovery: WindowDiscovery = WindowDiscovery() if isinstance(self.state, InProcessStore) \
-            else discovery_for(self.state)
+        self.discovery = WindowDiscovery(http=self.upstream, state=None if isinstance(self.state, InProcessStore)
+                                         else self.state)
         self.metrics = GatewayMetrics()
         self.sessions: SessionMap[_Key, Session] = SessionMap(
             self._new_session, max_sessions=config.max_sessions, idle_s=config.session_idle_s,
             on_drop=lambda session: session.close())
-        # one POST per try over pooled keep-alive connections (agentkv.gateway.upstream: no auth, redirects or cookies)
-        self.upstream = upstream or Upstream(connect_timeout_s=config.connect_timeout_s,
-                                             read_timeout_s=config.read_timeout_s)
         emit("gateway.ready", fast=self.fast.api_base, slow=self.slow.api_base, tenants=len(self.keys.tenants)
              if self.keys else 0, shared_state=redis_url is not None, salted=self.secret is not None)
 
@@ -86,9 +88,10 @@ class GatewayContext:
         salted: dict[str, Any] = {"cache_salt_secret": self.secret} if self.secret else {"cache_salt": False}
         emit("gateway.session.new", tenant=tenant, conversation=digest(conversation), held=len(self.sessions))
         return Session(self.fast, self.slow, tenant=tenant, session_id=session_id(conversation), state=self.state,
-                       discovery=self.discovery, warm_ahead=self.warm_ahead, ledger_rows=LEDGER_ROWS, **salted)
+                       discovery=self.discovery, warm_ahead=self.warm_ahead, ledger_rows=LEDGER_ROWS, http=self.upstream,
+                       **salted)
 
-    async def send(self, url: str, content: bytes) -> UpstreamResponse:
+    async def send(self, url: str, content: bytes) -> HttpAnswer:
         """POST ``content`` (JSON) to ``url`` upstream; the answer's body is left unread (a stream)."""
         return await self.upstream.post(url, content)
 

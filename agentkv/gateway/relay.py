@@ -23,7 +23,7 @@ from agentkv.errors import ContextOverflowError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.exchange import JSON, Reply
-from agentkv.gateway.upstream import Started, UpstreamResponse
+from agentkv._http import HttpAnswer, StartedPost
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
 from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, try_bytes
 
@@ -63,7 +63,7 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
         raise
     ctx.metrics.warm(attempt.warm)
 
-    async def send(attempt: Attempt) -> tuple[UpstreamResponse, bytes]:
+    async def send(attempt: Attempt) -> tuple[HttpAnswer, bytes]:
         """One try: the backend's answer, its body read whole unless it streams (a cut answer is an outage)."""
         nonlocal early
         url, content = endpoint_url(attempt), try_bytes(body, attempt)
@@ -89,7 +89,7 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
     return _answer(ctx, session, ended, stream, started)
 
 
-def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[UpstreamResponse, bytes]], stream: bool,
+def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[HttpAnswer, bytes]], stream: bool,
             started: float) -> Reply:
     """The client's answer: the backend's (streamed through, or whole), its error in OpenAI's shape, or the
     gateway's own 502/504 when no backend could be reached."""
@@ -134,7 +134,7 @@ def _record(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> N
         emit("gateway.record_failed", level="warning", error=type(error).__name__)
 
 
-def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any], counted: dict[str, Any]) -> Started | None:
+def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any], counted: dict[str, Any]) -> StartedPost | None:
     """The request written to fast before it is counted, when the Session vouches for it and a kept connection is
     idle (see :func:`relay`); else None."""
     attempt = session.presend(counted)
@@ -154,7 +154,7 @@ def _parsed(raw: bytes) -> Any:
         return {}
 
 
-async def _read_closed(response: UpstreamResponse) -> bytes:
+async def _read_closed(response: HttpAnswer) -> bytes:
     try:
         return await response.aread()
     finally:
@@ -176,7 +176,7 @@ def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) 
     return own_error(status, f"the {attempt.decision.role} backend could not be reached ({type(error).__name__})")
 
 
-def _streamed(session: Session, attempt: Attempt, response: UpstreamResponse) -> Reply:
+def _streamed(session: Session, attempt: Attempt, response: HttpAnswer) -> Reply:
     headers = {**route_headers(attempt.decision), "cache-control": "no-cache"}
     watch = UsageWatch()
 
@@ -188,7 +188,7 @@ def _streamed(session: Session, attempt: Attempt, response: UpstreamResponse) ->
         "content-type", "text/event-stream"), chunks=_passed_through(attempt, response, watch), finish=finish)
 
 
-async def _passed_through(attempt: Attempt, response: UpstreamResponse, watch: UsageWatch) -> AsyncIterator[bytes]:
+async def _passed_through(attempt: Attempt, response: HttpAnswer, watch: UsageWatch) -> AsyncIterator[bytes]:
     """The backend's SSE bytes as they arrive, each read by ``watch`` for the usage first. A client that leaves
     cancels the writer, which closes this generator and the upstream response (the backend then aborts)."""
     try:

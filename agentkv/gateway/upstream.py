@@ -1,5 +1,9 @@
 """The gateway's upstream seam: a lean HTTP/1.1 client for its two backends, on asyncio protocols and llhttp.
 
+:class:`Upstream` is an :class:`agentkv.HttpTransport` (the one HTTP seam): its raw POSTs (:meth:`Upstream.post`,
+:meth:`Upstream.start`, the relayed requests) are its own; its JSON calls (discovery, ``/tokenize``, warms) go to the
+:class:`~agentkv._http.HttpxTransport` it holds, so one object carries all of a gateway's HTTP.
+
 One POST of a JSON body per request, over keep-alive connections pooled per origin; the answer's headers are
 awaited, its body read whole (:meth:`UpstreamResponse.aread`) or passed on chunk by chunk as it arrives
 (:meth:`UpstreamResponse.aiter_raw`, transfer-decoded, never buffered whole: reading pauses past
@@ -37,6 +41,8 @@ from urllib.parse import urlsplit
 import httpx
 import httptools
 
+from agentkv._http import HttpxTransport
+
 __all__ = ["HIGH_WATER", "Started", "Upstream", "UpstreamResponse"]
 
 HIGH_WATER = 1 << 20
@@ -53,14 +59,34 @@ class Upstream:
     reads whole (a stream is not bounded here: it is passed on as it comes)."""
 
     def __init__(self, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0, keepalive_s: float = 4.0,
-                 max_idle: int = 512, max_answer_bytes: int = 64 << 20) -> None:
+                 max_idle: int = 512, max_answer_bytes: int = 64 << 20, json: HttpxTransport | None = None) -> None:
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
+        self.json = json or HttpxTransport(connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
         self.keepalive_s, self.max_idle, self.max_answer_bytes = keepalive_s, max_idle, max_answer_bytes
         self._idle: dict[_Origin, deque[_Connection]] = {}
         self._targets: dict[str, tuple[_Origin, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._open: set[_Connection] = set()
         self.opened = 0  # connections made, for tests and metrics
+
+    # JSON calls: the held httpx transport's (the relay's hot path is the raw POST below)
+    def get_json(self, url: str, *, timeout_s: float) -> Any:
+        return self.json.get_json(url, timeout_s=timeout_s)
+
+    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+        return self.json.post_json(url, body, timeout_s=timeout_s)
+
+    def get_text(self, url: str, *, timeout_s: float) -> str:
+        return self.json.get_text(url, timeout_s=timeout_s)
+
+    async def aget_json(self, url: str, *, timeout_s: float) -> Any:
+        return await self.json.aget_json(url, timeout_s=timeout_s)
+
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+        return await self.json.apost_json(url, body, timeout_s=timeout_s)
+
+    async def aget_text(self, url: str, *, timeout_s: float) -> str:
+        return await self.json.aget_text(url, timeout_s=timeout_s)
 
     async def post(self, url: str, content: bytes) -> UpstreamResponse:
         """POST ``content`` (JSON) to ``url``; returns once the answer's headers are in (its body unread)."""
@@ -146,10 +172,11 @@ class Upstream:
         self._open.discard(connection)
 
     async def aclose(self) -> None:
-        """Close every connection, idle or in use."""
+        """Close every connection, idle or in use (and the JSON transport's on this loop)."""
         for connection in list(self._open):
             connection.close()
         self._idle.clear()
+        await self.json.aclose()
 
 
 class Started:
