@@ -14,6 +14,9 @@ where they are used.
 from typing import TYPE_CHECKING
 
 from agentkv._lazy import lazy_exports
+from agentkv._renamed import install as _keep_old_names
+
+_keep_old_names()  # agentkv.vllm.connector, agentkv.local, ... still import (as the new modules, with a warning)
 
 if TYPE_CHECKING:
     from agentkv._http import HttpError as HttpError

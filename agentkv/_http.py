@@ -229,14 +229,14 @@ class _HttpxAnswer:
         self._closing: Any = None
 
     async def aread(self) -> bytes:
-        import httpx
+        from agentkv.errors import AnswerTooLarge
 
         chunks, size = [], 0
         async for chunk in self.aiter_raw():
             size += len(chunk)
             if size > self._max_bytes:
                 await self.aclose()
-                raise httpx.RemoteProtocolError(f"the backend's answer is over {self._max_bytes} bytes")
+                raise AnswerTooLarge(self._max_bytes)
             chunks.append(chunk)
         return b"".join(chunks)
 

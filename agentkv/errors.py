@@ -51,6 +51,15 @@ class ContextOverflowError(AgentKVError):
         self.suggested_backend = suggested_backend
 
 
+class AnswerTooLarge(AgentKVError):
+    """A backend's answer grew past the bound its reader was given (``limit`` bytes): not an outage and not
+    transient, so it is neither retried nor failed over (a second try would generate it again)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the backend's answer is over {limit} bytes")
+        self.limit = limit
+
+
 def check_positive_int(owner: str, name: str, value: object) -> None:
     """Raise :class:`ConfigurationError` naming ``owner.name`` unless ``value`` is an int >= 1."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -171,6 +171,9 @@ class RetryPolicy:
 
     ``timeout_fails_over``: a read timeout on a non-streamed request counts as an outage (the turn fails over
     to the other backend after the retries); off by default, since a long answer is not a dead server.
+    ``retry_transient=False``: each try is sent once, and a transient error goes straight to the turn's next step
+    (an outage fails over at once; a 429 or 5xx is the answer): for a proxy whose own clients retry, as the gateway's
+    do. ``attempts`` still bounds the tries each backend gets in a turn (a clamp's retry is one).
 
         RetryPolicy(attempts=3, initial_s=0.5, max_s=8.0)   # sleep= and asleep= are injectable
     """
@@ -180,6 +183,7 @@ class RetryPolicy:
     max_s: float = 8.0
     jitter_s: float = 0.5
     timeout_fails_over: bool = False
+    retry_transient: bool = True
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     asleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
@@ -193,8 +197,9 @@ class RetryPolicy:
     def _kwargs(self, attempts: int | None) -> dict[str, Any]:
         from tenacity import retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+        tries = min(self.attempts, self.attempts if attempts is None else attempts) if self.retry_transient else 1
         return dict(
-            stop=stop_after_attempt(max(1, min(self.attempts, attempts or self.attempts))),
+            stop=stop_after_attempt(max(1, tries)),
             wait=wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s),
             retry=retry_if_exception(is_transient),
             reraise=True,

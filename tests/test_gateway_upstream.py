@@ -9,6 +9,8 @@ import json
 import httpx
 import pytest
 
+from agentkv.errors import AnswerTooLarge
+
 from agentkv.gateway.upstream import HIGH_WATER, Upstream
 from agentkv.retry import outage_cause
 
@@ -165,12 +167,13 @@ async def test_a_stream_that_stops_mid_answer_raises_and_a_bad_answer_does_not_p
 
 
 async def test_an_answer_over_the_cap_is_refused_and_a_stream_is_not_buffered_whole():
-    """aread stops past max_answer_bytes; a stream read slowly pauses the socket instead of buffering it all."""
+    """aread stops past max_answer_bytes (AnswerTooLarge: neither retried nor failed over); a stream read slowly pauses
+    the socket instead of buffering it all."""
     big = b"x" * (HIGH_WATER * 3)
     async with Scripted(lambda n, r: json_answer(big)) as server:
         upstream = Upstream(max_answer_bytes=1 << 20)
         response = await upstream.post(server.url, b"{}")
-        with pytest.raises(httpx.RemoteProtocolError, match="over"):
+        with pytest.raises(AnswerTooLarge, match="over 1048576 bytes"):
             await response.aread()
         response = await Upstream().post(server.url, b"{}")
         first = await response.aiter_raw().__anext__()

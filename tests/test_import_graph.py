@@ -6,6 +6,9 @@ included: a lazy import is still a dependency. A unit is ``agentkv.X`` (a top-le
 
 import ast
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +29,9 @@ LAYERS = [
     ["agentkv.tokens", "agentkv.routing", "agentkv.tenancy", "agentkv.stats", "agentkv.retry", "agentkv.prefix",
      "agentkv.toolschema"],
     ["agentkv.backends", "agentkv.overflow"],
-    ["agentkv._http", "agentkv.events", "agentkv.errors"],
-    ["agentkv._http_deadline", "agentkv._defaults", "agentkv._env", "agentkv._lazy", "agentkv._build"],
+    ["agentkv._http", "agentkv.events"],
+    ["agentkv._http_deadline", "agentkv._defaults", "agentkv._env", "agentkv._lazy", "agentkv._build", "agentkv._renamed",
+     "agentkv.errors"],
 ]
 
 
@@ -159,3 +163,27 @@ def test_docs_and_examples_import_only_public_names():
     private = re.compile(r"\bagentkv(\.\w+)*\._[a-z]\w*")
     found = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in texts for m in private.finditer(path.read_text())]
     assert found == []
+
+
+def test_the_old_module_names_import_the_new_modules_with_a_warning():
+    """Code and vLLM launch configs written before the renames keep working: an old name is the new module itself
+    (no second copy), and importing it warns with the new name."""
+    code = textwrap.dedent('''
+        import importlib, warnings
+        import agentkv.embedded.server, agentkv.wire.kv_transfer, agentkv.cache_ledger, agentkv.state.guards
+        pairs = [("agentkv.local.server", agentkv.embedded.server), ("agentkv.vllm.params", agentkv.wire.kv_transfer),
+                 ("agentkv.ledger", agentkv.cache_ledger), ("agentkv.warm.guards", agentkv.state.guards)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            same = [importlib.import_module(old) is new for old, new in pairs]
+            from agentkv.local.server import LocalServer
+            from agentkv.handoff.config import CalibrationConfig
+        import agentkv.handoff.offline.config
+        print(same, LocalServer is agentkv.embedded.server.LocalServer,
+              CalibrationConfig is agentkv.handoff.offline.config.CalibrationConfig,
+              sorted({str(w.message).split(" is ")[0] for w in caught if w.category is DeprecationWarning}))
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip().splitlines()[-1] == ("[True, True, True, True] True True ['agentkv.handoff.config', "
+                                            "'agentkv.ledger', 'agentkv.local', 'agentkv.local.server', 'agentkv.vllm', "
+                                            "'agentkv.vllm.params', 'agentkv.warm.guards']")

@@ -144,6 +144,8 @@ def _drive(entry, s, backends):
         except httpx.ConnectError:
             return "error"
         return "answered"
+    if entry == "langchain router":
+        return _through_the_router(s, backends)
     from agentkv.gateway.config import GatewayConfig
     from agentkv.gateway.context import GatewayContext
     from agentkv.gateway.relay import relay
@@ -155,10 +157,35 @@ def _drive(entry, s, backends):
     return "error" if reply.status == 502 else f"answered {reply.status}"
 
 
-@pytest.mark.parametrize("entry", ["completion", "acompletion", "transport", "async transport", "gateway"])
+def _through_the_router(s, backends):
+    """The LangChain router (ChatAgentKV) over two fake chat models that reach the Backends."""
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from agentkv.integrations.langchain import ChatAgentKV
+
+    class Reaching(FakeMessagesListChatModel):
+        url: str = ""
+
+        def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+            backends.hit(self.url)
+            return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+    router = ChatAgentKV(Reaching(responses=[AIMessage(content="fast")], url=FAST),
+                         Reaching(responses=[AIMessage(content="slow")], url=SLOW), s)
+    try:
+        router.invoke([HumanMessage(content=LONG[0]["content"])], max_tokens=8)
+    except httpx.ConnectError:
+        return "error"
+    return "answered"
+
+
+@pytest.mark.parametrize("entry", ["completion", "acompletion", "transport", "async transport", "gateway",
+                                   "langchain router"])
 def test_a_failover_after_a_window_change_decides_the_same_way_in_every_entry_point(entry):
-    """Fast is down, and while its try failed slow's window shrank below the request: every entry point decides the
-    failover on fresh facts, so none sends the request to slow, and the caller gets fast's outage."""
+    """Fast is down, and while its try failed slow's window shrank below the request: every entry point (the Session's
+    twins, the OpenAI transport's, the gateway, the LangChain router) decides the failover on fresh facts, so none
+    sends the request to slow, and the caller gets fast's outage."""
     http = FakeHttp(lambda m, u, b: models_answer("slow-m" if u.startswith(SLOW) else "fast-m",
                                                   16384 if u.startswith(SLOW) else 2048))
     discovery = WindowDiscovery(http=http)
@@ -221,3 +248,32 @@ def test_the_gateway_carries_a_handoffs_import_on_its_raw_body():
     assert kwargs["kv_transfer_params"] == {KEY: {"import": "c" * 32}} and "extra_body" not in kwargs
     assert salt == "salt"
     assert json.loads(json.dumps(kwargs))  # plain JSON
+
+
+def test_the_gateway_takes_a_too_large_answer_once_and_names_the_limit():
+    """A non-streamed answer over the reader's bound is not an outage: the gateway sends the request once, to fast,
+    and answers 502 naming the limit (it is neither retried nor failed over to slow)."""
+    from agentkv.errors import AnswerTooLarge
+    from agentkv.gateway.config import GatewayConfig
+    from agentkv.gateway.context import GatewayContext
+    from agentkv.gateway.relay import relay
+
+    class TooLarge(FakeHttp):
+        async def post(self, url, content):
+            answer = await super().post(url, content)
+
+            async def aread():
+                raise AnswerTooLarge(1024)
+
+            answer.aread = aread
+            return answer
+
+    http = FakeHttp(lambda m, u, b: models_answer("slow-m" if u.startswith(SLOW) else "fast-m",
+                                                  16384 if u.startswith(SLOW) else 2048))
+    s = _session(WindowDiscovery(http=http), http)
+    upstream = TooLarge(lambda method, url, body: _answer())
+    ctx = GatewayContext(GatewayConfig(fast_url=FAST, fast_model="fast-m", slow_url=SLOW, slow_model="slow-m"),
+                         upstream=upstream)
+    reply = asyncio.run(relay(ctx, s, {"model": "fast-m", "messages": LONG, "max_tokens": 8}))
+    assert reply.status == 502 and b"over 1024 bytes" in reply.body
+    assert [c.url for c in upstream.calls] == [f"{FAST}/chat/completions"]

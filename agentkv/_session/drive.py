@@ -14,7 +14,7 @@ itself, so ``Session.completion``, the OpenAI transport and the gateway route, r
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Generic, TypeVar
 
 from agentkv._session import steps
@@ -22,6 +22,7 @@ from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Answered, Failed, FailOver, Finish, GiveUp, HandOff, Outcome, Recover, Send
 from agentkv._session.reactive import fail_over, recover
 from agentkv._session.state import SessionState
+from agentkv.retry import RetryPolicy
 
 __all__ = ["TurnEnd", "arun", "run"]
 
@@ -44,8 +45,10 @@ class TurnEnd(Generic[T]):
         return self.answer  # type: ignore[return-value]
 
 
-def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool) -> TurnEnd[T]:
-    """Carry ``attempt``'s turn to its end through ``session``'s decisions; ``send`` makes one try."""
+def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool,
+        retries: bool = True) -> TurnEnd[T]:
+    """Carry ``attempt``'s turn to its end through ``session``'s decisions; ``send`` makes one try. ``retries=False``:
+    each try is sent once (a sender that retries on its own), whatever ``session.retry`` says."""
     attempt.turn.streamed = streamed
     outcome: Outcome | None = None
     while True:
@@ -58,7 +61,7 @@ def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *
             steps.hand_off(session, attempt)
             continue
         if isinstance(action, Send):
-            outcome = _tried(session, attempt, send)
+            outcome = _tried(session, attempt, send, retries)
             continue
         try:
             if isinstance(action, Recover):
@@ -72,7 +75,7 @@ def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *
 
 
 async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
-               streamed: bool) -> TurnEnd[T]:
+               streamed: bool, retries: bool = True) -> TurnEnd[T]:
     """The async twin of :func:`run`: every input is awaited, and the handoff's torch work runs off the loop."""
     attempt.turn.streamed = streamed
     outcome: Outcome | None = None
@@ -86,7 +89,7 @@ async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt]
             await asyncio.to_thread(steps.hand_off, session, attempt)
             continue
         if isinstance(action, Send):
-            outcome = await _atried(session, attempt, send)
+            outcome = await _atried(session, attempt, send, retries)
             continue
         try:
             if isinstance(action, Recover):
@@ -99,9 +102,9 @@ async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt]
         outcome = None
 
 
-def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T]) -> Outcome:
+def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], retries: bool) -> Outcome:
     """One Send: ``send`` under the retry policy, each call counted as a try of the turn on the attempt's backend."""
-    role, policy = attempt.decision.role, session.retry
+    role, policy = attempt.decision.role, _policy(session, retries)
 
     def once() -> T:
         attempt.turn.sent[role] += 1
@@ -113,8 +116,9 @@ def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T]
         return Failed(error)
 
 
-async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]]) -> Outcome:
-    role, policy = attempt.decision.role, session.retry
+async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]],
+                  retries: bool) -> Outcome:
+    role, policy = attempt.decision.role, _policy(session, retries)
 
     async def once() -> T:
         attempt.turn.sent[role] += 1
@@ -124,3 +128,9 @@ async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attem
         return Answered(await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts)))
     except Exception as error:
         return Failed(error)
+
+
+def _policy(session: SessionState, retries: bool) -> RetryPolicy:
+    """The Session's retry policy, or the same sending each try once (the turn's bounds unchanged)."""
+    policy = session.retry
+    return policy if retries or not policy.retry_transient else replace(policy, retry_transient=False)

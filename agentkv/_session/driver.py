@@ -157,21 +157,23 @@ class Session(SessionState):
         Nothing is recorded here, and nothing is ever raised: a request this cannot vouch for gets None."""
         return outside.presend(self, body)
 
-    def turn(self, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool = False) -> TurnEnd[T]:
+    def turn(self, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool = False,
+             retries: bool = True) -> TurnEnd[T]:
         """Carry a prepared ``attempt`` (:meth:`prepare`) to the end of its turn, ``send(attempt)`` making each try.
 
         For senders outside litellm (the OpenAI transport, the gateway): the Session decides every next step
         (:func:`~agentkv._session.decide.next_action`) and this carries it out, as :meth:`completion` does: tries under
         the :class:`RetryPolicy`, the KV handoff at the escalation, an overflow clamped or escalated and an outage
         failed over on fresh window facts. ``send`` raises what went wrong (an error answer as an exception with
-        ``status_code``); ``streamed``: the caller asked for a stream. Hand the :class:`TurnEnd`'s answer to
+        ``status_code``); ``streamed``: the caller asked for a stream; ``retries=False``: ``send`` retries on its own
+        (a LangChain chat model, a gateway's clients), so each try is sent once. Hand the :class:`TurnEnd`'s answer to
         :meth:`answered`; its ``error``, when set, is the turn's answer."""
-        return run(self, attempt, send, streamed=streamed)
+        return run(self, attempt, send, streamed=streamed, retries=retries)
 
     async def aturn(self, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
-                    streamed: bool = False) -> TurnEnd[T]:
+                    streamed: bool = False, retries: bool = True) -> TurnEnd[T]:
         """The async twin of :meth:`turn`."""
-        return await arun(self, attempt, send, streamed=streamed)
+        return await arun(self, attempt, send, streamed=streamed, retries=retries)
 
     def recover(self, attempt: Attempt, error: Exception) -> Attempt:
         """The next try after ``attempt`` failed with ``error`` (one step of :meth:`turn`): a recoverable overflow is

@@ -24,12 +24,13 @@ from agentkv.state import InProcessStore, StateStore
 from agentkv.state.config import redis_store_for
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 
-__all__ = ["GatewayContext", "backends_of", "session_id"]
+__all__ = ["LEDGER_ROWS", "GatewayContext", "backends_of", "session_id"]
 
 _Key = tuple[str, str]  # (tenant, conversation)
 LEDGER_ROWS = 32
 """Ledger rows each conversation's Session keeps: a conversation can last as long as its client sends the same
 ``x-session-id`` or ``user``, and its memory must not grow with its turns."""
+
 
 
 def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from agentkv._session import Attempt, Session, TurnEnd
-from agentkv.errors import ContextOverflowError
+from agentkv.errors import AnswerTooLarge, ContextOverflowError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.exchange import JSON, Reply
@@ -63,9 +63,11 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
         raise
     ctx.metrics.warm(attempt.warm)
 
+    headed = started  # when the last try's answer headers came (the latency histogram's end)
+
     async def send(attempt: Attempt) -> tuple[HttpAnswer, bytes]:
         """One try: the backend's answer, its body read whole unless it streams (a cut answer is an outage)."""
-        nonlocal early
+        nonlocal early, headed
         url, content = endpoint_url(attempt), try_bytes(body, attempt)
         taken, early = early, None  # the early request serves the first try only
         if taken is not None and taken.url == url and taken.content == content:
@@ -75,34 +77,41 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
                 taken.cancel()
                 ctx.metrics.presend_discarded.inc()
             response = await ctx.send(url, content)
+        headed = time.perf_counter()
         if response.status_code >= 400:
             raise Rejected.of(response.status_code, await _read_closed(response))
         return response, b"" if stream else await _read_closed(response)
 
     stream = bool(body.get("stream"))
     try:
-        ended = await session.aturn(attempt, send, streamed=stream)
+        # each try sent once: a gateway's clients retry on their own (the OpenAI SDK twice by default), so an outage
+        # fails over at once and a 429 or 5xx that is not an outage reaches the client
+        ended = await session.aturn(attempt, send, streamed=stream, retries=False)
     finally:
         if early is not None:  # the turn never sent its first try (a handoff failed, the client left)
             early.cancel()
     _count_moves(ctx, ended.attempt)
-    return _answer(ctx, session, ended, stream, started)
+    return _answer(ctx, session, ended, stream, headed - started)
 
 
 def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[HttpAnswer, bytes]], stream: bool,
-            started: float) -> Reply:
+            waited_s: float) -> Reply:
     """The client's answer: the backend's (streamed through, or whole), its error in OpenAI's shape, or the
-    gateway's own 502/504 when no backend could be reached."""
+    gateway's own 502/504 when no backend could be reached or its answer was too large to take whole."""
     attempt, error = ended.attempt, ended.error
     answer = error.__cause__ if isinstance(error, ContextOverflowError) else error
     if isinstance(answer, Rejected):
         if answer.status_code not in RECOVERABLE:
-            ctx.metrics.observe(attempt.decision.role, time.perf_counter() - started)
+            ctx.metrics.observe(attempt.decision.role, waited_s)
         return _upstream_error(ctx, attempt, answer.status_code, answer.raw)
     if isinstance(error, httpx.HTTPError):
         return _unreachable(ctx, attempt, error)
+    if isinstance(error, AnswerTooLarge):
+        ctx.metrics.upstream_errors.labels(attempt.decision.role, "502").inc()
+        emit("gateway.answer_too_large", level="warning", backend=attempt.decision.role, limit=error.limit)
+        return own_error(502, str(error))
     response, raw = ended.result()
-    ctx.metrics.observe(attempt.decision.role, time.perf_counter() - started)
+    ctx.metrics.observe(attempt.decision.role, waited_s)
     ctx.metrics.answered(attempt.decision.role, attempt.decision.reason)
     if stream:
         return _streamed(session, attempt, response)

@@ -42,6 +42,7 @@ import httpx
 import httptools
 
 from agentkv._http import HttpxTransport
+from agentkv.errors import AnswerTooLarge
 
 __all__ = ["HIGH_WATER", "Started", "Upstream", "UpstreamResponse"]
 
@@ -221,7 +222,7 @@ class UpstreamResponse:
             yield chunk
 
     async def aread(self) -> bytes:
-        """The whole body (:class:`httpx.RemoteProtocolError` past the client's ``max_answer_bytes``)."""
+        """The whole body (:class:`~agentkv.errors.AnswerTooLarge` past the client's ``max_answer_bytes``)."""
         whole = self._connection.whole()
         if whole is not None:  # it came with the headers (a short answer): no waiting, one join
             return whole
@@ -230,7 +231,7 @@ class UpstreamResponse:
             size += len(chunk)
             if size > limit:
                 self._connection.close()
-                raise httpx.RemoteProtocolError(f"the backend's answer is over {limit} bytes")
+                raise AnswerTooLarge(limit)
             chunks.append(chunk)
         return b"".join(chunks)
 

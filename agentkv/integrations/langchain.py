@@ -310,69 +310,64 @@ class ChatAgentKV(BaseChatModel):
             call["max_tokens"] = attempt.decision.max_tokens
             if getattr(model, "max_tokens", None) is not None:
                 call["max_completion_tokens"] = attempt.decision.max_tokens
-        salt = self.session.cache_salt
+        salt = attempt.cache_salt  # the tenant's, or a handoff's import salt
         if salt is not None and attempt.backend.api_base and hasattr(model, "extra_body"):
             call["extra_body"] = {**(model.extra_body or {}), **(call.get("extra_body") or {}), "cache_salt": salt}
         return model, call
 
-    # ------------------------------------------------------------- the four drivers
+    # ------------------------------------------------------------- the four drivers, on the Session's one loop
+    # Each try goes to the chosen LangChain model, which retries on its own (``max_retries``): the Session's turn sends
+    # each try once (``retries=False``) and decides the rest (recover an overflow, fail over an outage).
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        attempt = self.session.prepare(self._request(messages, kwargs))
-        while True:
+        def send(attempt: Attempt) -> ChatResult:
             model, call = self._call(attempt, kwargs)
-            try:
-                result = model._generate(messages, stop=stop, run_manager=run_manager, **call)
-            except Exception as error:
-                attempt = self.session.recover(attempt, error)  # anything but an overflow propagates
-                continue
-            self.session.answered(attempt, _usage(result.generations[0].message, result.llm_output))
-            return result  # type: ignore[no-any-return]
+            return model._generate(messages, stop=stop, run_manager=run_manager, **call)  # type: ignore[no-any-return]
+
+        ended = self.session.turn(self.session.prepare(self._request(messages, kwargs)), send, retries=False)
+        result = ended.result()
+        self.session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output))
+        return result
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        attempt = await self.session.aprepare(self._request(messages, kwargs))
-        while True:
+        async def send(attempt: Attempt) -> ChatResult:
             model, call = self._call(attempt, kwargs)
-            try:
-                result = await model._agenerate(messages, stop=stop, run_manager=run_manager, **call)
-            except Exception as error:
-                attempt = await self.session.arecover(attempt, error)
-                continue
-            self.session.answered(attempt, _usage(result.generations[0].message, result.llm_output), asynchronous=True)
-            return result  # type: ignore[no-any-return]
+            return await model._agenerate(messages, stop=stop, run_manager=run_manager, **call)  # type: ignore[no-any-return]
+
+        attempt = await self.session.aprepare(self._request(messages, kwargs))
+        ended = await self.session.aturn(attempt, send, retries=False)
+        result = ended.result()
+        self.session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output), asynchronous=True)
+        return result
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        attempt = self.session.prepare(self._request(messages, kwargs))
-        while True:
+        def send(attempt: Attempt) -> tuple[Any, Iterator[ChatGenerationChunk]]:
             model, call = self._call(attempt, kwargs)
             chunks = model._stream(messages, stop=stop, run_manager=run_manager, **call)
-            try:
-                first = next(chunks, None)  # an overflow is raised before the first chunk
-            except Exception as error:
-                attempt = self.session.recover(attempt, error)
-                continue
-            break
+            return next(chunks, None), chunks  # an overflow is raised before the first chunk
+
+        ended = self.session.turn(self.session.prepare(self._request(messages, kwargs)), send, streamed=True,
+                                  retries=False)
+        first, chunks = ended.result()
         usage: dict[str, Any] = {}
         for chunk in itertools.chain([first] if first is not None else [], chunks):
             usage = _usage(chunk.message, None) or usage
             yield chunk
-        self.session.answered(attempt, usage)
+        self.session.answered(ended.attempt, usage)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        attempt = await self.session.aprepare(self._request(messages, kwargs))
-        while True:
+        async def send(attempt: Attempt) -> tuple[Any, AsyncIterator[ChatGenerationChunk]]:
             model, call = self._call(attempt, kwargs)
             chunks = model._astream(messages, stop=stop, run_manager=run_manager, **call)
-            try:
-                first = await anext(chunks, None)
-            except Exception as error:
-                attempt = await self.session.arecover(attempt, error)
-                continue
-            break
+            return await anext(chunks, None), chunks
+
+        attempt = await self.session.aprepare(self._request(messages, kwargs))
+        ended = await self.session.aturn(attempt, send, streamed=True, retries=False)
+        first, chunks = ended.result()
         usage: dict[str, Any] = {}
         if first is not None:
             usage = _usage(first.message, None) or usage
@@ -380,7 +375,7 @@ class ChatAgentKV(BaseChatModel):
         async for chunk in chunks:
             usage = _usage(chunk.message, None) or usage
             yield chunk
-        self.session.answered(attempt, usage, asynchronous=True)
+        self.session.answered(ended.attempt, usage, asynchronous=True)
 
 
 AgentKVRouter = ChatAgentKV  # the name before it became a real chat model

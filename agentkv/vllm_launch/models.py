@@ -62,7 +62,7 @@ class TierModels:
 
 
 def default_root() -> Path:
-    """``$AGENTKV_VLLM_MODELS``, else ``~/.cache/agentkv/vllm_plugin-models``."""
+    """``$AGENTKV_VLLM_MODELS``, else ``~/.cache/agentkv/vllm-models``."""
     configured = os.environ.get("AGENTKV_VLLM_MODELS")
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "agentkv" / "vllm-models"
 

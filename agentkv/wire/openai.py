@@ -69,8 +69,10 @@ def outgoing_body(body: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
     if budget is not None:
         keys = [k for k in _BUDGET_KEYS if body.get(k) is not None] or ["max_tokens"]
         out.update({key: budget for key in keys})
-    if attempt.handoff_export is not None:  # the escalated request names slow's import (a raw body's top level)
-        out["kv_transfer_params"] = attempt.kwargs["kv_transfer_params"]
+    if attempt.handoff_export is not None:  # the escalated request names slow's import: top level on the wire
+        named = attempt.kwargs.get("kv_transfer_params") or (attempt.kwargs.get("extra_body") or {}).get(
+            "kv_transfer_params")
+        out["kv_transfer_params"] = named
     return with_body_salt(out, attempt.cache_salt if attempt.backend.api_base else None,
                           keep_caller=attempt.keeps_caller_salt)
 
