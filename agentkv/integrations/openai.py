@@ -39,7 +39,7 @@ import httpx
 from agentkv._session import Attempt, TurnEnd
 from agentkv.errors import AgentKVError, ContextOverflowError
 from agentkv.retry import outage_cause
-from agentkv.wire.openai import Rejected, UsageWatch, counted_view, outgoing_body
+from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, outgoing_body
 
 if TYPE_CHECKING:
     from agentkv._session import Session
@@ -64,7 +64,7 @@ def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: A
     """``request`` re-addressed to the attempt's backend (its ``api_base``) carrying this try's body."""
     url = request.url
     if attempt.decision.role == "slow" and attempt.backend.api_base:
-        url = httpx.URL(attempt.backend.api_base.rstrip("/") + "/chat/completions", params=request.url.params)
+        url = httpx.URL(endpoint_url(attempt), params=request.url.params)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
     if attempt.decision.role == "slow" and attempt.backend.api_key:
         headers["authorization"] = f"Bearer {attempt.backend.api_key}"
