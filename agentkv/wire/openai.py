@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from agentkv.tenancy import with_body_salt
+
 if TYPE_CHECKING:
     import httpx
 
@@ -60,8 +62,6 @@ def counted_view(body: Mapping[str, Any]) -> dict[str, Any]:
 def outgoing_body(body: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
     """The body for this try: the slow model's id when routed there, the clamped budget, the attempt's salt
     (replacing the caller's: :func:`agentkv.tenancy.with_body_salt`) and the handoff's import when it named one."""
-    from agentkv.tenancy import with_body_salt
-
     out = dict(body)
     if attempt.decision.role == "slow":
         out["model"] = attempt.backend.served_model
