@@ -4,7 +4,7 @@ changing its base URL (``agentkv gateway``; see ``docs/gateway.md``).
 - :mod:`.config`: :class:`GatewayConfig`, the flags and the limits the environment sets;
 - :mod:`.app`: the ASGI app: the routed POSTs (body limits, bad input) and, on Starlette, the other routes;
 - :mod:`.exchange`: one routed exchange on plain ASGI: the body, the reply, a client's leaving;
-- :mod:`.relay`: one request through the Session's public core (``aprepare`` / ``arecover`` / ``answered``);
+- :mod:`.relay`: one request through the Session's public core (``aprepare`` / ``aturn`` / ``answered``);
 - :mod:`.context`: a process's shared state: backends, state store, Sessions, upstream client, metrics;
 - :mod:`.sessions`: the bounded map of conversations (LRU plus idle TTL);
 - :mod:`.identity`: which conversation a request belongs to;

@@ -10,7 +10,7 @@
 The same one line serves ``langchain_openai.ChatOpenAI(http_client=..., http_async_client=...)``, the
 Agents SDK's ``AsyncOpenAI``, and pydantic-ai's OpenAI provider. For ``POST …/chat/completions`` the
 transport reads the raw body and, through the Session's public core (:meth:`Session.prepare`,
-:meth:`Session.recover`, :meth:`Session.answered`): counts it as sent, routes it (rewriting the URL and
+:meth:`Session.turn`, :meth:`Session.answered`): counts it as sent, routes it (rewriting the URL and
 ``model`` to the slow backend's), clamps the output budget, sets the tenant's ``cache_salt``, fires
 the warm-ahead with the same body (one-token budget, no stream), re-sends to slow when fast answers
 with a context-overflow 400 (JSON and streaming requests alike: the caller sees one response), and
