@@ -91,15 +91,16 @@ class HttpTransport(Protocol):
 
     async def aget_text(self, url: str, *, timeout_s: float) -> str: ...
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any: ...
+    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any: ...
 
     async def aget_json(self, url: str, *, timeout_s: float) -> Any: ...
 
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any: ...
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any: ...
 
-    async def post(self, url: str, content: bytes) -> HttpAnswer: ...
+    async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer: ...
 
-    def start(self, url: str, content: bytes) -> StartedPost | None: ...
+    def start(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> StartedPost | None: ...
 
     async def aclose(self) -> None: ...
 
@@ -126,8 +127,8 @@ class HttpxTransport:
     def get_json(self, url: str, *, timeout_s: float) -> Any:
         return self._send("GET", url, None, timeout_s)
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return self._send("POST", url, body, timeout_s)
+    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
+        return self._send("POST", url, body, timeout_s, headers=headers)
 
     def get_text(self, url: str, *, timeout_s: float) -> str:
         return str(self._send("GET", url, None, timeout_s, _text))
@@ -138,20 +139,22 @@ class HttpxTransport:
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
         return await self._asend("GET", url, None, timeout_s)
 
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return await self._asend("POST", url, body, timeout_s)
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any:
+        return await self._asend("POST", url, body, timeout_s, headers=headers)
 
-    async def post(self, url: str, content: bytes) -> HttpAnswer:
+    async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer:
         """POST ``content`` (JSON) to ``url``; returns once the answer's headers are in (its body unread)."""
         import httpx
 
         client = self._async_client()
         timeout = httpx.Timeout(self.read_timeout_s, connect=self.connect_timeout_s)
         request = client.build_request("POST", url, content=content, timeout=timeout,
-                                       headers={"content-type": "application/json"})
+                                       headers={**(headers or {}), "content-type": "application/json",
+                                                "accept-encoding": "identity"})  # the raw bytes go on as they are
         return _HttpxAnswer(await client.send(request, stream=True), self.max_raw_bytes)
 
-    def start(self, url: str, content: bytes) -> StartedPost | None:
+    def start(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> StartedPost | None:
         """None: httpx writes a request only when its answer is awaited (:meth:`post`)."""
         return None
 
@@ -162,14 +165,16 @@ class HttpxTransport:
         if client is not None:
             await client.aclose()
 
-    def _send(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None) -> Any:
+    def _send(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None, *,
+              headers: Mapping[str, str] | None = None) -> Any:
         import httpx
 
         from agentkv._http_deadline import deadline
 
         client = self._sync_client()  # made (once) outside the call's deadline
         try:
-            with deadline(timeout_s), client.stream(method, url, json=body, timeout=timeout_s) as answer:
+            with deadline(timeout_s), client.stream(method, url, json=body, timeout=timeout_s,
+                                                    headers=headers) as answer:
                 content = _Capped(self.max_answer_bytes, url)
                 for chunk in answer.iter_bytes():
                     content.add(chunk)
@@ -177,13 +182,14 @@ class HttpxTransport:
             raise _transport_error(exc, url) from exc
         return (parse or _parsed)(_whole(answer, content.bytes()), url)
 
-    async def _asend(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None) -> Any:
+    async def _asend(self, method: str, url: str, body: Any, timeout_s: float, parse: Any = None, *,
+                     headers: Mapping[str, str] | None = None) -> Any:
         import httpx
 
         client = self._async_client()
 
         async def call() -> Any:
-            async with client.stream(method, url, json=body, timeout=timeout_s) as answer:
+            async with client.stream(method, url, json=body, timeout=timeout_s, headers=headers) as answer:
                 content = _Capped(self.max_answer_bytes, url)
                 async for chunk in answer.aiter_bytes():
                     content.add(chunk)

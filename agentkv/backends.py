@@ -12,8 +12,8 @@ Usage::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Sequence
 
 from agentkv._defaults import shared
 from agentkv._http import redact_url
@@ -26,6 +26,7 @@ __all__ = ["Backend", "ServerInfo", "WindowInfo", "catalog_window", "parse_model
 _SECRET_KEY = re.compile(r"(?i)^(api[_-]?key|x-api-key|authorization|proxy-authorization|password|passwd|"
                          r".*secret.*|.*_token|access[_-]?token|bearer|cookie)$")
 REDACTED = "<redacted>"
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")  # an RFC 9110 token
 
 
 def redact_secrets(value: Any) -> Any:
@@ -50,7 +51,13 @@ class Backend:
     ``completion_kwargs`` are extra litellm kwargs sent with every request to this backend; ``kv_events`` (and
     ``kv_events_replay``) name the server's vLLM KV-events endpoints for :class:`agentkv.cache_ledger.CacheLedger`.
 
+    A pool of replicas of one model is ``api_base=[url, url, …]`` (typed: ``replicas=(url, …)``): each conversation
+    keeps one replica, moves to its next one while its own is down, and comes back (``docs/fleet.md``). Every request
+    of a conversation carries its routing key (an opaque digest) under ``affinity_headers`` (``X-Session-ID``, what
+    the vLLM router's ``consistent_hash`` reads; ``()`` sends none), and as ``user`` too with ``affinity_user``.
+
         Backend("hosted_vllm/qwen3-32b", api_base="http://127.0.0.1:8002/v1", window=131072)
+        Backend("hosted_vllm/qwen3-32b", api_base=["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"])
     """
 
     model: str
@@ -63,8 +70,16 @@ class Backend:
     completion_kwargs: Mapping[str, Any] = field(default_factory=dict)
     kv_events: str | None = None  # the server's KV-events PUB endpoint, for agentkv.cache_ledger (e.g. tcp://host:5557)
     kv_events_replay: str | None = None  # its replay endpoint (vLLM's replay_endpoint), to repair gaps
+    affinity_headers: tuple[str, ...] = ("X-Session-ID",)  # where the conversation's routing key goes (() for none)
+    affinity_user: bool = False  # also send the routing key as the body's ``user`` (when the caller set none)
+    replicas: tuple[str, ...] = ()  # a pool's URLs (``api_base=[...]`` sets it); () for one server
 
     def __post_init__(self) -> None:
+        self._pool_from_api_base()
+        names = self.affinity_headers
+        if isinstance(names, str) or not all(isinstance(n, str) and _HEADER_NAME.match(n) for n in names):
+            raise ConfigurationError(f"Backend.affinity_headers must be a tuple of HTTP header names, got {names!r}")
+        object.__setattr__(self, "affinity_headers", tuple(names))
         for value in (self.kv_events, self.kv_events_replay):
             if value is not None and not str(value).startswith(("tcp://", "ipc://", "inproc://")):
                 raise ConfigurationError(f"Backend KV-events endpoints must be ZMQ addresses, got {value!r}")
@@ -75,6 +90,20 @@ class Backend:
         if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
             raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {self.api_base!r}")
 
+    def _pool_from_api_base(self) -> None:
+        """``api_base=[url, …]`` is a pool: ``replicas`` holds the URLs and ``api_base`` the first (what the
+        Session's pool-unaware helpers, a count source among them, address)."""
+        base: Any = self.api_base
+        urls = tuple(base) if isinstance(base, Sequence) and not isinstance(base, str) else self.replicas
+        if not urls:
+            return
+        if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            raise ConfigurationError(f"Backend.api_base must be an http(s) URL or a list of them, got {list(urls)!r}")
+        if len(set(u.rstrip("/") for u in urls)) != len(urls):
+            raise ConfigurationError(f"Backend.api_base lists a replica twice: {[redact_url(u) for u in urls]!r}")
+        object.__setattr__(self, "replicas", urls if len(urls) > 1 else ())
+        object.__setattr__(self, "api_base", urls[0])
+
     def __repr__(self) -> str:
         """The fields but ``api_key``, with credentials stripped from ``api_base`` and ``completion_kwargs``."""
         shown = []
@@ -83,6 +112,8 @@ class Backend:
                 value = getattr(self, spec.name)
                 if spec.name == "api_base" and isinstance(value, str):
                     value = redact_url(value)
+                elif spec.name == "replicas":
+                    value = tuple(redact_url(u) for u in value)
                 elif spec.name == "completion_kwargs":
                     value = redact_secrets(value)
                 shown.append(f"{spec.name}={value!r}")
@@ -92,6 +123,17 @@ class Backend:
     def label(self) -> str:
         """The name used in decisions, logs and stats."""
         return self.name or self.model
+
+    @property
+    def is_pool(self) -> bool:
+        """Several replicas serve this model (``api_base=[url, …]``): each conversation keeps one of them."""
+        return len(self.replicas) > 1
+
+    def replica(self, url: str) -> "Backend":
+        """This backend addressed to one of its replicas (the same label, model and settings)."""
+        if url not in self.replicas:
+            raise ValueError(f"{redact_url(url)!r} is not a replica of {self.label!r}")
+        return replace(self, api_base=url, replicas=(), name=self.label)
 
     @property
     def served_model(self) -> str:

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal, TypeVar
 
-from agentkv.errors import check_positive_int
+from agentkv.errors import ConfigurationError, check_positive_int
 from agentkv.events import emit
 
 __all__ = ["CLIENT_RETRIES_OFF", "Outage", "RetryPolicy", "TurnTries", "is_outage", "is_transient", "outage_cause"]
@@ -148,6 +148,7 @@ class TurnTries:
     streamed: bool = False
     recoveries: int = 0  # overflows this turn recovered from (clamped or escalated)
     failovers: int = 0  # outages this turn failed over from
+    replicas_down: set[str] = field(default_factory=set)  # a pool's replicas found down this turn (never tried again)
 
     def left(self, role: str, attempts: int) -> int:
         """Tries ``role`` may still have this turn."""
@@ -174,6 +175,8 @@ class RetryPolicy:
     ``retry_transient=False``: each try is sent once, and a transient error goes straight to the turn's next step
     (an outage fails over at once; a 429 or 5xx is the answer): for a proxy whose own clients retry, as the gateway's
     do. ``attempts`` still bounds the tries each backend gets in a turn (a clamp's retry is one).
+    ``replica_cooloff_s``: how long a replica of a pool (``Backend(api_base=[…])``) found down is left out; its
+    conversations go to their next replica meanwhile (an outage on a replica is never retried on it).
 
         RetryPolicy(attempts=3, initial_s=0.5, max_s=8.0)   # sleep= and asleep= are injectable
     """
@@ -184,43 +187,51 @@ class RetryPolicy:
     jitter_s: float = 0.5
     timeout_fails_over: bool = False
     retry_transient: bool = True
+    replica_cooloff_s: float = 30.0
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     asleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def __post_init__(self) -> None:
         check_positive_int("RetryPolicy", "attempts", self.attempts)
+        cooloff = self.replica_cooloff_s
+        if isinstance(cooloff, bool) or not isinstance(cooloff, (int, float)) or not cooloff > 0:
+            raise ConfigurationError(f"RetryPolicy.replica_cooloff_s must be a positive number, got {cooloff!r}")
 
     def fails_over(self, error: BaseException, *, streamed: bool = False) -> bool:
         """True when ``error`` is an outage under this policy (see :func:`is_outage`)."""
         return is_outage(error, timeouts=self.timeout_fails_over and not streamed)
 
-    def _kwargs(self, attempts: int | None) -> dict[str, Any]:
+    def _kwargs(self, attempts: int | None, outages: bool = True) -> dict[str, Any]:
         from tenacity import retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
         tries = min(self.attempts, self.attempts if attempts is None else attempts) if self.retry_transient else 1
         return dict(
             stop=stop_after_attempt(max(1, tries)),
             wait=wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s),
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(is_transient if outages else _transient_not_outage),
             reraise=True,
             before_sleep=_log_retry,
         )
 
-    def call(self, fn: Callable[[], T], *, attempts: int | None = None) -> T:
+    def call(self, fn: Callable[[], T], *, attempts: int | None = None, outages: bool = True) -> T:
         """Call ``fn``, retrying transient errors (at most ``attempts`` tries when given, never more than
-        :attr:`attempts`)."""
+        :attr:`attempts`); ``outages=False``: an outage is not retried (a pool's replica: the next one takes it)."""
         from tenacity import Retrying
 
-        return Retrying(sleep=self.sleep, **self._kwargs(attempts))(fn)
+        return Retrying(sleep=self.sleep, **self._kwargs(attempts, outages))(fn)
 
-    async def acall(self, fn: Callable[[], Awaitable[T]], *, attempts: int | None = None) -> T:
-        """Await ``fn()``, retrying transient errors (``attempts`` as in :meth:`call`)."""
+    async def acall(self, fn: Callable[[], Awaitable[T]], *, attempts: int | None = None, outages: bool = True) -> T:
+        """Await ``fn()``, retrying transient errors (``attempts`` and ``outages`` as in :meth:`call`)."""
         from tenacity import AsyncRetrying
 
         async def attempt() -> T:  # tenacity awaits only coroutine functions
             return await fn()
 
-        return await AsyncRetrying(sleep=self.asleep, **self._kwargs(attempts))(attempt)
+        return await AsyncRetrying(sleep=self.asleep, **self._kwargs(attempts, outages))(attempt)
+
+
+def _transient_not_outage(error: BaseException) -> bool:
+    return is_transient(error) and outage_cause(error) is None
 
 
 def _log_retry(state: Any) -> None:

@@ -17,7 +17,7 @@ COUNTERS = (
     "cached_tokens_unknown",
     "warm_skipped_resident", "warm_rewarm_evicted", "warm_top_up", "warm_skipped_break_even",
     "ledger_predictions", "ledger_predictions_exact", "ledger_predicted_tokens", "ledger_reported_tokens",
-    "ledger_predictions_unknown", "server_clamps",
+    "ledger_predictions_unknown", "server_clamps", "affinity_misses", "replica_failovers",
 )
 
 
@@ -54,14 +54,18 @@ class SessionStats:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
         self._per_backend: Counter[str] = Counter()
+        self._per_replica: Counter[str] = Counter()
 
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:
             self._counts[name] += amount
 
-    def request(self, backend: str) -> None:
+    def request(self, backend: str, replica: str | None = None) -> None:
+        """One answered request to ``backend`` (and to ``replica``, a pool's URL, when it is one)."""
         with self._lock:
             self._per_backend[backend] += 1
+            if replica is not None:
+                self._per_replica[replica] += 1
             self._counts["requests_total"] += 1
 
     def get(self, name: str) -> int:
@@ -69,6 +73,7 @@ class SessionStats:
             return self._counts[name]
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain dict: every counter, and ``requests`` per backend name."""
+        """A plain dict: every counter, ``requests`` per backend name and ``replica_requests`` per pool replica."""
         with self._lock:
-            return {**dict(self._counts), "requests": dict(self._per_backend)}
+            return {**dict(self._counts), "requests": dict(self._per_backend),
+                    "replica_requests": dict(self._per_replica)}

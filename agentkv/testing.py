@@ -15,8 +15,8 @@ import contextlib
 import json
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, MutableMapping
 
 from agentkv._http import HttpError
 
@@ -50,6 +50,7 @@ class HttpCall:
     body: Any
     asynchronous: bool
     blocking: bool
+    headers: Mapping[str, str] = field(default_factory=dict)  # what the caller set (the transport adds its own)
 
 
 Handler = Callable[[str, str, Any], Any]
@@ -87,8 +88,8 @@ class FakeHttp:
     def get_json(self, url: str, *, timeout_s: float) -> Any:
         return self._sync("GET", url, None, timeout_s)
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return self._sync("POST", url, body, timeout_s)
+    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
+        return self._sync("POST", url, body, timeout_s, headers)
 
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
         return await self._async("GET", url, None, timeout_s)
@@ -99,35 +100,38 @@ class FakeHttp:
     async def aget_text(self, url: str, *, timeout_s: float) -> str:
         return str(await self._async("GET", url, None, timeout_s))
 
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return await self._async("POST", url, body, timeout_s)
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any:
+        return await self._async("POST", url, body, timeout_s, headers)
 
-    async def post(self, url: str, content: bytes) -> "FakeAnswer":
+    async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> "FakeAnswer":
         """A raw POST: the handler's answer as a :class:`FakeAnswer`, its body unread."""
         body = json.loads(content)
-        self._record(HttpCall("POST", url, body, True, False))
+        self._record(HttpCall("POST", url, body, True, False, dict(headers or {})))
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         result = self.handler("POST", url, body)
         status, answer = result if isinstance(result, tuple) else (200, result)
         return FakeAnswer(status, answer)
 
-    def start(self, url: str, content: bytes) -> None:
+    def start(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> None:
         """None: the fake writes a request only when its answer is awaited (:meth:`post`)."""
         return None
 
     async def aclose(self) -> None:
         return None
 
-    def _sync(self, method: str, url: str, body: Any, timeout_s: float) -> Any:
-        self._record(HttpCall(method, url, body, False, _loop_running()))
+    def _sync(self, method: str, url: str, body: Any, timeout_s: float,
+              headers: Mapping[str, str] | None = None) -> Any:
+        self._record(HttpCall(method, url, body, False, _loop_running(), dict(headers or {})))
         if self.latency_s:
             time.sleep(min(self.latency_s, timeout_s))
             _check_timeout(self.latency_s, timeout_s, url)
         return _answer(self.handler(method, url, body), url)
 
-    async def _async(self, method: str, url: str, body: Any, timeout_s: float) -> Any:
-        self._record(HttpCall(method, url, body, True, False))
+    async def _async(self, method: str, url: str, body: Any, timeout_s: float,
+                     headers: Mapping[str, str] | None = None) -> Any:
+        self._record(HttpCall(method, url, body, True, False, dict(headers or {})))
         if self.latency_s:
             await asyncio.sleep(min(self.latency_s, timeout_s))
             _check_timeout(self.latency_s, timeout_s, url)

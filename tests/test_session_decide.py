@@ -259,7 +259,7 @@ def test_the_gateway_takes_a_too_large_answer_once_and_names_the_limit():
     from agentkv.gateway.relay import relay
 
     class TooLarge(FakeHttp):
-        async def post(self, url, content):
+        async def post(self, url, content, headers=None):
             answer = await super().post(url, content)
 
             async def aread():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from agentkv.backends import Backend, redact_secrets
+from agentkv.fleet import forwardable_headers, with_routing
 from agentkv.retry import CLIENT_RETRIES_OFF, TurnTries
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_body_salt, with_cache_salt
@@ -45,6 +46,8 @@ class Attempt:
     sent_at: float | None = None  # the ledger's clock when planned (a Session with a ledger only)
     keeps_caller_salt: bool = False  # the caller's own cache_salt may go out (tenancy.keeps_caller_salt)
     turn: TurnTries = field(default_factory=TurnTries)  # shared by every try of one turn (``replace`` keeps it)
+    routing_key: str | None = field(default=None, repr=False)  # the conversation's key, on every request it sends
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # a raw request's own headers (its warm's)
 
     def __repr__(self) -> str:
         """The fields but the salt, with credentials in the caller's kwargs redacted (``api_key``, headers, URLs)."""
@@ -60,21 +63,22 @@ class Attempt:
     def call_kwargs(self) -> dict[str, Any]:
         """The litellm kwargs for this try (the Session's request timeout unless the caller set one)."""
         call = request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens,
-                              keep_caller_salt=self.keeps_caller_salt)
+                              keep_caller_salt=self.keeps_caller_salt, routing_key=self.routing_key)
         if self.timeout_s is not None and call.get("timeout") is None:
             call["timeout"] = self.timeout_s
         return call
 
 
 def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None,
-                   keep_caller_salt: bool = False) -> dict[str, Any]:
+                   keep_caller_salt: bool = False, routing_key: str | None = None) -> dict[str, Any]:
     """The caller's kwargs addressed to ``backend``; the caller's own objects are never edited.
 
     Messages and tools go whole and in order, as copies (litellm may edit them in place); every other
     value is passed through as it is. ``max_tokens`` replaces the caller's budget only when routing
     clamped it, in every budget key the caller set (vLLM obeys ``max_completion_tokens`` first). The only
     ``cache_salt`` sent is ``salt`` (self-hosted backends only), unless ``keep_caller_salt`` lets the
-    caller's own go (:func:`agentkv.tenancy.with_cache_salt`).
+    caller's own go (:func:`agentkv.tenancy.with_cache_salt`). ``routing_key`` goes in the backend's affinity headers
+    (:func:`agentkv.fleet.with_routing`: a session header the caller set wins).
     """
     call = {k: v for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
     for key in ("messages", "tools"):
@@ -84,6 +88,7 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
     if max_tokens is not None:
         keys = [k for k in ("max_tokens", "max_completion_tokens") if kwargs.get(k) is not None] or ["max_tokens"]
         call.update({key: max_tokens for key in keys})
+    with_routing(call, backend, routing_key)
     return with_cache_salt(call, salt if backend.api_base else None, keep_caller=keep_caller_salt)
 
 
@@ -95,10 +100,16 @@ def _copied(value: Any) -> Any:
 
 
 def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float, *,
-                keep_caller_salt: bool = False) -> dict[str, Any]:
-    """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt."""
+                keep_caller_salt: bool = False, routing_key: str | None = None) -> dict[str, Any]:
+    """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt, and the caller's
+    routing headers (``extra_headers`` less credentials: :func:`agentkv.fleet.forwardable_headers`) with the
+    conversation's key, so that a router sends it where it sends the turn."""
     shaped = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
-    call = request_kwargs(slow, shaped, salt, max_tokens=1, keep_caller_salt=keep_caller_salt)
+    headers = forwardable_headers(kwargs.get("extra_headers") if isinstance(kwargs.get("extra_headers"), Mapping)
+                                  else None)
+    if headers:
+        shaped["extra_headers"] = headers
+    call = request_kwargs(slow, shaped, salt, max_tokens=1, keep_caller_salt=keep_caller_salt, routing_key=routing_key)
     call.update(timeout=timeout_s, **CLIENT_RETRIES_OFF)  # one warm is one request, whatever the client retries
     return call
 
@@ -123,7 +134,7 @@ def raw_warm_target(slow: Backend, *, text: bool = False) -> str | None:
 
 
 def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw: bool,
-              keep_caller_salt: bool = False) -> dict[str, Any]:
+              keep_caller_salt: bool = False, routing_key: str | None = None) -> dict[str, Any]:
     """The JSON body of a one-token warm to ``slow``, built from what the real request sends.
 
     ``raw``: ``kwargs`` is an OpenAI body (everything but the budget and streaming is kept as it is);
@@ -136,6 +147,8 @@ def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw
         body = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs and k != "extra_body"}
         body.update(dict(kwargs.get("extra_body") or {}))
     body.update(model=slow.served_model, max_tokens=1)
+    if slow.affinity_user and routing_key is not None and body.get("user") is None:
+        body["user"] = routing_key
     return with_body_salt(body, salt, keep_caller=keep_caller_salt)
 
 

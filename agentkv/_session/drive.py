@@ -68,6 +68,7 @@ def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *
                 attempt = recover(session, attempt, action.error, action.overflow, steps.recount(session, attempt),
                                   steps.facts(session))
             elif isinstance(action, FailOver):
+                steps.eject(session, attempt, action.error)
                 attempt = fail_over(session, attempt, action.error, steps.facts(session))
         except Exception as final:  # no backend takes the turn: what the recovery raised is its answer
             return TurnEnd(attempt, error=final)
@@ -96,6 +97,7 @@ async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt]
                 attempt = recover(session, attempt, action.error, action.overflow,
                                   await steps.arecount(session, attempt), await steps.afacts(session))
             elif isinstance(action, FailOver):
+                await steps.aeject(session, attempt, action.error)
                 attempt = fail_over(session, attempt, action.error, await steps.afacts(session))
         except Exception as final:
             return TurnEnd(attempt, error=final)
@@ -111,7 +113,8 @@ def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T]
         return send(attempt)
 
     try:
-        return Answered(policy.call(once, attempts=attempt.turn.left(role, policy.attempts)))
+        return Answered(policy.call(once, attempts=attempt.turn.left(role, policy.attempts),
+                                    outages=not _pooled(session, attempt)))
     except Exception as error:
         return Failed(error)
 
@@ -125,9 +128,15 @@ async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attem
         return await send(attempt)
 
     try:
-        return Answered(await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts)))
+        return Answered(await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts),
+                                           outages=not _pooled(session, attempt)))
     except Exception as error:
         return Failed(error)
+
+
+def _pooled(session: SessionState, attempt: Attempt) -> bool:
+    """The try goes to a pool's replica: an outage there is not retried on it (the next replica takes the turn)."""
+    return attempt.backend.label in session.replicas
 
 
 def _policy(session: SessionState, retries: bool) -> RetryPolicy:

@@ -116,7 +116,7 @@ class Session(SessionState):
 
     # ----------------------------------------------------------------- a turn its caller sends
 
-    def prepare(self, body: Mapping[str, Any]) -> Attempt:
+    def prepare(self, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None) -> Attempt:
         """Count, route and clamp a raw OpenAI request ``body`` its caller sends itself, and warm when due.
 
         For senders outside litellm (the httpx transport, the LangChain router, the gateway): the returned
@@ -128,19 +128,26 @@ class Session(SessionState):
         alone (a string or a list of strings) is a text completion, counted as that text and routed by
         the same rules; its warm is a one-token ``/completions`` POST of the same prompt to a self-hosted
         slow backend (:attr:`Attempt.text` says which endpoint the attempt is for).
+
+        ``headers``: the request's own HTTP headers; its routing ones (credentials left out:
+        :func:`agentkv.fleet.forwardable_headers`) ride on its warm, so a router sends the warm where it sends the
+        request. Send each try with :func:`agentkv.wire.openai.routing_headers_of` besides the request's own: the
+        conversation's routing key goes there.
         """
         payload = steps.open_request(self, dict(body), text=True)
         known = steps.facts(self)
-        attempt = steps.plan(self, dict(body), payload, steps.count(self, body, payload, known), known)
+        attempt = steps.plan(self, dict(body), payload, steps.count(self, body, payload, known), known,
+                             headers=headers)
         attempt.raw = True
         steps.maybe_warm(self, attempt, known)
         return attempt
 
-    async def aprepare(self, body: Mapping[str, Any]) -> Attempt:
+    async def aprepare(self, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None) -> Attempt:
         """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
         payload = steps.open_request(self, dict(body), text=True)
         known = await steps.afacts(self)
-        attempt = steps.plan(self, dict(body), payload, await steps.acount(self, body, payload, known), known)
+        attempt = steps.plan(self, dict(body), payload, await steps.acount(self, body, payload, known), known,
+                             headers=headers)
         attempt.raw = True
         await steps.amaybe_warm(self, attempt, known)
         return attempt

@@ -9,7 +9,7 @@ reads a request's payload and refuses a malformed message list (:func:`check_mes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from agentkv.backends import Backend, WindowInfo
@@ -29,16 +29,19 @@ class Facts:
     fast: Target
     slow: Target
     slow_model_known: bool
+    down: frozenset[str] = frozenset()  # the pools' replicas cooling off after an outage (their URLs)
+    homes: Mapping[str, str] = field(default_factory=dict)  # pool label -> this conversation's home replica
 
 
-def to_facts(fast: Backend, slow: Backend | None, fast_info: WindowInfo, slow_info: WindowInfo | None) -> Facts:
+def to_facts(fast: Backend, slow: Backend | None, fast_info: WindowInfo, slow_info: WindowInfo | None,
+             down: frozenset[str] = frozenset(), homes: Mapping[str, str] | None = None) -> Facts:
     """The routing targets of a Session's backends, the cloud-catalog rule applied to slow."""
     fast_target = Target(fast.label, fast_info.window)
     if slow is None or slow_info is None:
-        return Facts(fast_target, no_slow_target(), False)
+        return Facts(fast_target, no_slow_target(), False, down, homes or {})
     target = slow_target(slow.label, slow_info.window, is_cloud=slow.is_cloud, in_catalog=bool(slow_info.model_known),
                          model=slow.model)
-    return Facts(fast_target, target, bool(slow_info.model_known))
+    return Facts(fast_target, target, bool(slow_info.model_known), down, homes or {})
 
 
 def max_tokens_of(kwargs: Mapping[str, Any]) -> int | None:

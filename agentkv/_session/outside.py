@@ -24,6 +24,8 @@ def presend(s: SessionState, body: Mapping[str, Any]) -> Attempt | None:
     """What :meth:`Session.presend` answers (see there): the attempt, or None when it cannot vouch for one."""
     if s.closed or s.slow is None or "cache_salt" in body or "extra_body" in body:
         return None
+    if s.fast.is_pool or s.slow.is_pool:  # a pool's window is its replicas' smallest: not vouched for from one
+        return None
     fast_info = s.discovery.recent(s.fast, model_known=False)
     slow_info = s.discovery.recent(s.slow)
     if fast_info is None or slow_info is None or not s._counter(s.fast).bound.trusts_ceiling:
@@ -46,7 +48,7 @@ def presend(s: SessionState, body: Mapping[str, Any]) -> Attempt | None:
     if decision.role != "fast" or decision.reason != "fits" or decision.max_tokens != max_tokens:
         return None
     return Attempt(decision, s.fast, kwargs, payload, count, s.cache_salt, raw=True,
-                   keeps_caller_salt=s._keeps_caller_salt)
+                   keeps_caller_salt=s._keeps_caller_salt, routing_key=s.routing_key)
 
 
 def sent_to_role(s: SessionState, sent_to: str) -> Literal["fast", "slow"]:

@@ -14,7 +14,9 @@ from agentkv._session.inputs import Facts, max_tokens_of
 from agentkv._session.state import SessionState
 from agentkv._session.steps import log_route
 from agentkv.errors import ContextOverflowError
+from agentkv.backends import Backend
 from agentkv.events import emit
+from agentkv.fleet import choose
 from agentkv.overflow import Overflow
 from agentkv.retry import outage_cause
 from agentkv.routing import Target, after_recovery, failover, plan_recovery
@@ -61,8 +63,8 @@ def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overf
                               requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
     log_route(s, decision, attempt.count)
     escalated = decision.role != attempt.decision.role
-    return replace(attempt, decision=decision, backend=s._backend(decision.role),
-                   reactive_clamped=not escalated)
+    backend = s._addressed(decision.role, facts, attempt.turn.replicas_down) if escalated else attempt.backend
+    return replace(attempt, decision=decision, backend=backend, reactive_clamped=not escalated)
 
 
 def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
@@ -70,6 +72,9 @@ def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts)
     :func:`~agentkv._session.decide.next_action` said so) and the other one can take the request; ``error``
     propagates untouched when the other backend is closed for this turn (down, refused this request as too long,
     or out of tries: see :class:`~agentkv.retry.TurnTries`) or cannot hold it."""
+    moved = _next_replica(s, attempt, facts)
+    if moved is not None:
+        return _moved(s, attempt, error, moved)
     if s.slow is None:
         raise error
     attempt.turn.down.add(attempt.decision.role)
@@ -85,8 +90,28 @@ def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts)
          status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
          session=s.session_id, tenant=s.tenant)
     log_route(s, decision, attempt.count)
-    return replace(attempt, decision=decision, backend=s._backend(decision.role), failed_over=True,
-                   reactive_clamped=False)
+    return replace(attempt, decision=decision, backend=s._addressed(decision.role, facts, attempt.turn.replicas_down),
+                   failed_over=True, reactive_clamped=False)
+
+
+def _next_replica(s: SessionState, attempt: Attempt, facts: Facts) -> Backend | None:
+    """The conversation's next replica of the failed try's pool (not down, not found down this turn), or None."""
+    if attempt.backend.label not in s.replicas or attempt.turn.closed(attempt.decision.role, s.retry.attempts,
+                                                                      refusal_closes=False):
+        return None
+    pool = s._backend(attempt.decision.role)
+    url = choose(s.routing_key, pool.replicas, down=facts.down, tried={*attempt.turn.replicas_down,
+                                                                        attempt.backend.api_base or ""})
+    return None if url is None else s.replicas[pool.label][url]
+
+
+def _moved(s: SessionState, attempt: Attempt, error: Exception, replica: Backend) -> Attempt:
+    """The same try on the conversation's next replica: the same route and budget, no tier change."""
+    s._stats.add("replica_failovers")
+    emit("replica_failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
+         backend=attempt.backend.label, failed=attempt.backend.api_base, to=replica.api_base, session=s.session_id,
+         tenant=s.tenant)
+    return replace(attempt, backend=replica)
 
 
 def _for_turn(s: SessionState, facts: Facts, attempt: Attempt, *, exclude_refused: bool) -> Facts:

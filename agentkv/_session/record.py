@@ -36,12 +36,13 @@ class Recorder:
         self._dropped = 0  # rows dropped from the front (a bounded ledger): turn t is at index t - 1 - dropped
 
     def finish(self, attempt: Attempt, response: Any, *, escalation: bool, after_warm: bool,
-               on_usage: Callable[[Usage], None] | None = None) -> Any:
+               on_usage: Callable[[Usage], None] | None = None, pooled: bool = False) -> Any:
         """Count the answered request, add its ledger row, and record its cached tokens (now, or when a
         stream reports usage). ``escalation``: it was the move to slow; ``after_warm``: a warm preceded it;
-        ``on_usage`` is also handed the answer's :class:`Usage` once it is known."""
+        ``on_usage`` is also handed the answer's :class:`Usage` once it is known; ``pooled``: the backend is a pool
+        (the request is counted per replica too)."""
         decision = attempt.decision
-        self.stats.request(decision.backend)
+        self.stats.request(decision.backend, attempt.backend.api_base if pooled else None)
         if decision.reason in _REASON_COUNTERS:
             self.stats.add(_REASON_COUNTERS[decision.reason])
         if escalation:

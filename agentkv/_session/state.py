@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING, Any, Callable
 import agentkv._env as _env
 from agentkv._http import HttpTransport, default_http
 from agentkv._session.attempts import LitellmSends
-from agentkv._session.inputs import check_backends, check_timeout
+from agentkv._session.inputs import Facts, check_backends, check_timeout
 from agentkv._session.record import Recorder
 from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery, discovery_for
+from agentkv.fleet import choose, routing_key
 from agentkv.handoff.escalation import Handoff
 from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy
 from agentkv.routing import RouteDecision, RoutePolicy
-from agentkv.state import StateStore
+from agentkv.state import StateStore, ejections_for
 from agentkv.state.config import resolve_state
 from agentkv.stats import SessionStats
 from agentkv.tenancy import keeps_caller_salt, resolve_cache_salt
@@ -77,8 +78,15 @@ class SessionState:
         self.routing, self.warm_ahead, self.retry = routing, warm_ahead, retry
         self.state = resolve_state(state, cooldowns, in_flight)
         self.discovery = discovery or discovery_for(self.state)
-        self.cache_salt = resolve_cache_salt(tenant, cache_salt, cache_salt_secret or _env.cache_salt_secret(),
-                                             self_hosted=any(b.api_base for b in self._backends()))
+        secret = cache_salt_secret or _env.cache_salt_secret()
+        self.cache_salt = resolve_cache_salt(tenant, cache_salt, secret, self_hosted=any(b.api_base for b in self._backends()))
+        self.routing_key = routing_key(tenant, self.session_id, secret)  # opaque: routers log headers
+        self.ejections = ejections_for(self.state)
+        # each pool's replicas as Backends (label -> url -> replica), and every pooled URL (what ejections are read for)
+        self.replicas = {b.label: {url: b.replica(url) for url in b.replicas} for b in self._backends() if b.is_pool}
+        self.pooled = tuple(url for b in self._backends() for url in b.replicas)
+        self.slow_prompt_tokens: int | None = None  # the last slow answer's prompt (what its next turn expects cached)
+        self.last_facts: Facts | None = None  # a pooled Session's last gathered facts (its homes, the replicas down)
         self.request_timeout_s = check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()
         self.http: HttpTransport = http or default_http()
@@ -93,6 +101,7 @@ class SessionState:
         self._jobs = BackgroundJobs()
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
                                tenant=tenant, clock=clock or time.monotonic)
+        self._warm.ejections, self._warm.cooloff_s = self.ejections, retry.replica_cooloff_s
         self._record = Recorder(self._stats, rows=ledger_rows)
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.cache_ledger = ledger
@@ -105,6 +114,26 @@ class SessionState:
 
     def _backend(self, role: str) -> Backend:
         return self.slow if role == "slow" and self.slow is not None else self.fast
+
+    def _addressed(self, role: str, facts: Facts | None = None, avoid: frozenset[str] | set[str] = frozenset()) -> Backend:
+        """The backend ``role`` names, addressed to this conversation's replica when it is a pool: its home
+        (``facts.homes``; the last gathered facts when None) unless that is down (``facts.down``) or in ``avoid`` (found
+        down this turn), else its first choice (:func:`~agentkv.fleet.choose`) that is neither."""
+        backend = self._backend(role)
+        if not backend.is_pool:
+            return backend
+        facts = facts or self.last_facts
+        down = facts.down if facts is not None else frozenset()
+        home = facts.homes.get(backend.label) if facts is not None else None
+        if home is not None and home not in down and home not in avoid and home in backend.replicas:
+            return self.replicas[backend.label][home]
+        url = choose(self.routing_key, backend.replicas, down=down, tried=avoid) or choose(
+            self.routing_key, backend.replicas)
+        return self.replicas[backend.label][url or backend.replicas[0]]
+
+    def _members(self, backend: Backend) -> list[Backend]:
+        """What discovery asks for ``backend``'s window: each replica of a pool, else the backend."""
+        return list(self.replicas[backend.label].values()) if backend.is_pool else [backend]
 
     def _counter(self, backend: Backend) -> TokenCounter:
         return self.counters[backend.label]

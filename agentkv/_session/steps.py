@@ -15,32 +15,82 @@ from agentkv._session.decide import Action, Outcome, next_action
 from agentkv._session.inputs import Facts, max_tokens_of, request_payload, to_facts
 from agentkv._session.prediction import Prediction, schedule_prediction
 from agentkv._session.state import SessionState
+from agentkv.backends import Backend, WindowInfo
 from agentkv._session.warm_prefix import schedule_warm_prefix_check
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
+from agentkv.fleet import HOME_IDLE_S, HOME_SLACK, affinity_missed, pool_id, pool_window, ranked, routing_headers
+from agentkv.retry import outage_cause
+from agentkv.state import StateUnavailable
 from agentkv.routing import RouteDecision, decide_route, interval_decides, is_escalation
 from agentkv.tenancy import screen_caller_salts
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.payload import detached
 from agentkv.wire.usage import Usage, server_clamped
 
-__all__ = ["acount", "afacts", "amaybe_warm", "arecount", "count", "decide", "decides", "facts", "finish", "hand_off",
-           "log_route", "maybe_warm", "next_step", "open_request", "plan", "recount"]
+__all__ = ["acount", "aeject", "afacts", "amaybe_warm", "arecount", "count", "decide", "decides", "eject", "facts",
+           "finish", "hand_off", "log_route", "maybe_warm", "next_step", "open_request", "plan", "recount"]
 
 
 # ----------------------------------------------------------------- gathering inputs (the only I/O)
 
 def facts(s: SessionState) -> Facts:
-    """The backends' windows and served models, as discovered now (cached, single flight)."""
-    fast = s.discovery.window(s.fast, model_known=False)
-    slow = s.discovery.window(s.slow) if s.slow is not None else None
-    return to_facts(s.fast, s.slow, fast, slow)
+    """The backends' windows and served models, as discovered now (cached, single flight; a pool's per replica,
+    the smallest used), and which pooled replicas are cooling off."""
+    fast = _pooled(s, s.fast, [s.discovery.window(b, model_known=False) for b in s._members(s.fast)])
+    slow = None if s.slow is None else _pooled(s, s.slow, [s.discovery.window(b) for b in s._members(s.slow)])
+    if not s.pooled:
+        return to_facts(s.fast, s.slow, fast, slow)
+    down = s.ejections.down(s.pooled)
+    homes = {}
+    for b in _pools(s):
+        try:
+            homes[b.label] = s.state.home_replica(*_home_ask(s, b), down, slack=HOME_SLACK, idle_s=HOME_IDLE_S)
+        except StateUnavailable:  # no home known: the conversation's first choice (rendezvous alone)
+            pass
+    s.last_facts = to_facts(s.fast, s.slow, fast, slow, down, homes)
+    return s.last_facts
 
 
 async def afacts(s: SessionState) -> Facts:
-    fast = await s.discovery.awindow(s.fast, model_known=False)
-    slow = await s.discovery.awindow(s.slow) if s.slow is not None else None
-    return to_facts(s.fast, s.slow, fast, slow)
+    fast = _pooled(s, s.fast, [await s.discovery.awindow(b, model_known=False) for b in s._members(s.fast)])
+    slow = None if s.slow is None else _pooled(s, s.slow, [await s.discovery.awindow(b) for b in s._members(s.slow)])
+    if not s.pooled:
+        return to_facts(s.fast, s.slow, fast, slow)
+    down = await s.ejections.adown(s.pooled)
+    homes = {}
+    for b in _pools(s):
+        try:
+            homes[b.label] = await s.state.ahome_replica(*_home_ask(s, b), down, slack=HOME_SLACK, idle_s=HOME_IDLE_S)
+        except StateUnavailable:
+            pass
+    s.last_facts = to_facts(s.fast, s.slow, fast, slow, down, homes)
+    return s.last_facts
+
+
+def _pools(s: SessionState) -> list[Backend]:
+    return [b for b in s._backends() if b.is_pool]
+
+
+def _home_ask(s: SessionState, pool: Backend) -> tuple[str, str, tuple[str, ...]]:
+    """What the state store is asked for the conversation's home in ``pool``: the pool, the key, its ranking."""
+    return pool_id(pool.label, pool.replicas), s.routing_key, ranked(s.routing_key, pool.replicas)
+
+
+def _pooled(s: SessionState, backend: Backend, infos: list[WindowInfo]) -> WindowInfo:
+    """One backend's window info: a pool's is its smallest replica's (a disagreement is warned of once)."""
+    if len(infos) == 1:
+        return infos[0]
+    info, differing = pool_window(infos)
+    if differing and (backend.label, differing) not in _WARNED:
+        if len(_WARNED) < 1024:
+            _WARNED.add((backend.label, differing))
+        emit("pool_windows_differ", level="warning", backend=backend.label, windows=list(differing),
+             used=info.window)
+    return info
+
+
+_WARNED: set[tuple[str, tuple[int, ...]]] = set()  # (pool, windows) warned of, once per process
 
 
 def count(s: SessionState, kwargs: Mapping[str, Any], payload: Payload, known: Facts) -> TokenCount:
@@ -62,13 +112,13 @@ def decides(s: SessionState, kwargs: Mapping[str, Any], known: Facts) -> Callabl
 def recount(s: SessionState, attempt: Attempt) -> TokenCount:
     """The failed backend's count of the request: fast's exact count is reused, others are asked (and an
     exact answer teaches that backend's estimate bound)."""
-    if attempt.count.exact and attempt.backend is s.fast:
+    if attempt.count.exact and attempt.backend.label == s.fast.label:
         return attempt.count
     return _learned(s, attempt, s._counter(attempt.backend).count(attempt.payload))
 
 
 async def arecount(s: SessionState, attempt: Attempt) -> TokenCount:
-    if attempt.count.exact and attempt.backend is s.fast:
+    if attempt.count.exact and attempt.backend.label == s.fast.label:
         return attempt.count
     return _learned(s, attempt, await s._counter(attempt.backend).acount(attempt.payload))
 
@@ -100,8 +150,10 @@ def decide(s: SessionState, kwargs: Mapping[str, Any], counted: TokenCount, know
                         fast=known.fast, slow=known.slow, policy=s.routing, count_source=counted.source)
 
 
-def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: TokenCount, known: Facts) -> Attempt:
-    """The turn's first attempt: routed, clamped, logged."""
+def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: TokenCount, known: Facts, *,
+         headers: Mapping[str, str] | None = None) -> Attempt:
+    """The turn's first attempt: routed, clamped, addressed (a pool's replica for this conversation), logged.
+    ``headers``: a raw request's own (the routing ones among them ride on its warm)."""
     try:
         decision = decide(s, kwargs, counted, known)
     except ContextOverflowError:
@@ -110,8 +162,9 @@ def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: Tok
     if decision.note:
         s._stats.add("catalog_refusals")
     log_route(s, decision, counted)
-    return Attempt(decision, s._backend(decision.role), kwargs, payload, counted, s.cache_salt,
-                   timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt)
+    return Attempt(decision, s._addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
+                   timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt,
+                   routing_key=s.routing_key, headers=headers or {})
 
 
 def log_route(s: SessionState, decision: RouteDecision, counted: TokenCount) -> None:
@@ -129,7 +182,14 @@ def next_step(s: SessionState, attempt: Attempt, outcome: Outcome | None) -> Act
     """What ``attempt``'s turn does next (:func:`~agentkv._session.decide.next_action` over this Session's state)."""
     return next_action(attempt.decision, outcome, handed_off=attempt.handed_off, handoff_active=s.handoff.active,
                        previous_role=s._record.previous_role, has_slow=s.slow is not None, retry=s.retry,
-                       streamed=attempt.turn.streamed)
+                       streamed=attempt.turn.streamed, other_replica=_other_replica(s, attempt))
+
+
+def _other_replica(s: SessionState, attempt: Attempt) -> bool:
+    """Whether ``attempt``'s backend is a pool with a replica besides this try's not found down this turn."""
+    pool = s.replicas.get(attempt.backend.label)
+    return pool is not None and any(url != attempt.backend.api_base and url not in attempt.turn.replicas_down
+                                    for url in pool)
 
 
 # ----------------------------------------------------------------- the handoff, at the answer
@@ -140,8 +200,10 @@ def hand_off(s: SessionState, attempt: Attempt) -> None:
         return
     attempt.handed_off = True
     previous = s._history[-2] if len(s._history) > 1 else None  # what fast last served: cheap to export
-    outcome = s.handoff.at_escalation(s.fast, s.slow, attempt.payload, s.cache_salt, attempt=attempt,
-                                      previous=previous, warm=s._warm, http=s.http)
+    fast = s._addressed("fast")
+    outcome = s.handoff.at_escalation(fast, attempt.backend, attempt.payload, s.cache_salt, attempt=attempt,
+                                      previous=previous, warm=s._warm, http=s.http,
+                                      headers=routing_headers(fast, s.routing_key))
     s._stats.add("mapped_tokens", outcome.mapped_tokens)
     s._stats.add("handoff_fallbacks", int(outcome.fallback))
 
@@ -151,25 +213,46 @@ def finish(s: SessionState, attempt: Attempt, response: Any, *, asynchronous: bo
     s.handoff.answered(attempt.handoff_export, response, s._stats)  # what slow loaded for the import named
     escalation = is_escalation(s._record.previous_role, attempt.decision)
     warmed = s._warm.warmed
+    expected = _expected_prefix(s, attempt, escalation)
     prediction = _predict(s, attempt, asynchronous)
 
     def on_usage(usage: Usage) -> None:
         if prediction is not None:
             prediction.reported(usage.cached_tokens)
-        _answered_usage(s, attempt, usage)
+        _answered_usage(s, attempt, usage, expected)
 
     result = s._record.finish(attempt, response, escalation=escalation, after_warm=warmed is not None,
-                              on_usage=on_usage)
+                              on_usage=on_usage, pooled=attempt.backend.label in s.replicas)
     if escalation and warmed is not None:  # the broken-warm diagnostic, off the request path
         schedule_warm_prefix_check(s._jobs, s._counter(attempt.backend), warmed, attempt.payload, s._stats,
                                    s.session_id, asynchronous=asynchronous)
     return result
 
 
-def _answered_usage(s: SessionState, attempt: Attempt, usage: Usage) -> None:
+def _expected_prefix(s: SessionState, attempt: Attempt, escalation: bool) -> int | None:
+    """The prefix a slow turn should find cached: what the warm sent before an escalation, else the previous slow
+    turn's prompt (None for a fast turn, or with nothing to expect)."""
+    if attempt.decision.role != "slow":
+        return None
+    return s._warm.warmed_tokens if escalation else s.slow_prompt_tokens
+
+
+def _affinity(s: SessionState, attempt: Attempt, usage: Usage, expected: int | None) -> None:
+    """Count an affinity miss (a slow turn finding far less cached than it should), and remember this slow prompt."""
+    if attempt.decision.role != "slow":
+        return
+    if affinity_missed(expected, usage.cached_tokens):
+        s._stats.add("affinity_misses")
+        emit("affinity_miss", level="warning", backend=attempt.backend.label, expected=expected,
+             cached=usage.cached_tokens, session=s.session_id, tenant=s.tenant)
+    s.slow_prompt_tokens = usage.prompt_tokens
+
+
+def _answered_usage(s: SessionState, attempt: Attempt, usage: Usage, expected: int | None = None) -> None:
     """What an answer's usage teaches: the server's exact prompt count trains the backend's estimate bound,
     and a silent server clamp (vLLM 0.32: 200, ``finish_reason`` "length", fewer tokens than sent) is
     recorded and sends discovery back to the server for the real window."""
+    _affinity(s, attempt, usage, expected)
     if usage.prompt_tokens is not None:
         s._counter(attempt.backend).learn(attempt.payload, usage.prompt_tokens, origin="usage")
     if server_clamped(usage, attempt.decision.max_tokens):
@@ -193,15 +276,64 @@ def _predict(s: SessionState, attempt: Attempt, asynchronous: bool) -> Predictio
 def maybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
     """Consider warm-ahead for ``attempt`` and fire it on a pool thread when due."""
     if s.slow is not None:
+        slow = _warm_target(s, known)
         attempt.warm = s._warm.consider(attempt.payload, **_warm_inputs(s, attempt, known))
-        _send_warm(s, attempt, asynchronous=False)
+        _send_warm(s, attempt, slow, asynchronous=False)
+        _check_warm_replica(s, attempt, slow, asynchronous=False)
 
 
 async def amaybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
     """The async twin of :func:`maybe_warm`: the shared store's claim is awaited, the warm runs as a task."""
     if s.slow is not None:
+        slow = _warm_target(s, known)
         attempt.warm = await s._warm.aconsider(attempt.payload, **_warm_inputs(s, attempt, known))
-        _send_warm(s, attempt, asynchronous=True)
+        _send_warm(s, attempt, slow, asynchronous=True)
+        _check_warm_replica(s, attempt, slow, asynchronous=True)
+
+
+def _check_warm_replica(s: SessionState, attempt: Attempt, slow: Backend, *, asynchronous: bool) -> None:
+    """A conversation warmed on a pool's replica and still on fast: check, in the background and at most every few
+    seconds per replica, that the replica is up (``/health``), so that one gone down is ejected and the conversation
+    warmed again on its next replica before it escalates, not found cold at the escalation."""
+    root = slow.server_root
+    if attempt.warm != "cooldown" or s._warm.replica is None or root is None or attempt.decision.role != "fast":
+        return
+    if not s.ejections.probe_due(s._warm.replica):
+        return
+    replica, url, cooloff = s._warm.replica, f"{root}/health", s.retry.replica_cooloff_s
+
+    def probe() -> None:
+        try:
+            s.http.get_text(url, timeout_s=2.0)
+        except Exception as error:  # a probe never raises into anyone
+            if _probe_outage(error):
+                s.ejections.mark(replica, cooloff)
+
+    async def aprobe() -> None:
+        try:
+            await s.http.aget_text(url, timeout_s=2.0)
+        except Exception as error:
+            if _probe_outage(error):
+                await s.ejections.amark(replica, cooloff)
+
+    if asynchronous:
+        s._jobs.task(aprobe(), 3.0)
+    else:
+        s._jobs.thread(probe)
+
+
+def _probe_outage(error: Exception) -> bool:
+    """A health check's failure that says the replica is down: unreachable, timed out, or a 5xx."""
+    status = getattr(error, "status_code", None)
+    return outage_cause(error) is not None or getattr(error, "timed_out", False) is True or (
+        isinstance(status, int) and status >= 500) or status is None
+
+def _warm_target(s: SessionState, known: Facts) -> Backend:
+    """Where this conversation's escalation would go now: a pool's replica for it (a warm there is claimed apart from
+    one on another replica, so a conversation moved off a replica that went down is warmed again on its new one)."""
+    slow = s._addressed("slow", known)
+    s._warm.retarget(slow.api_base if s._backend("slow").is_pool else None)
+    return slow
 
 
 def _warm_inputs(s: SessionState, attempt: Attempt, known: Facts) -> dict[str, Any]:
@@ -211,22 +343,48 @@ def _warm_inputs(s: SessionState, attempt: Attempt, known: Facts) -> dict[str, A
                 enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary)
 
 
-def _send_warm(s: SessionState, attempt: Attempt, asynchronous: bool) -> None:
-    if not s._warm.wants_send(attempt.warm) or s.slow is None:
+def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: bool) -> None:
+    if not s._warm.wants_send(attempt.warm):
         return
     text = attempt.text  # a text completion warms ``/completions`` with its prompt
-    url = raw_warm_target(s.slow, text=text)
+    url = raw_warm_target(slow, text=text)
     try:
         if url is None and text:
             raise ValueError("a text completion is warmed only by a raw POST to a self-hosted slow backend")
         if url is not None:  # a raw POST: the same bytes as the request, no litellm import on the way
-            body = warm_body(s.slow, attempt.kwargs, s.cache_salt, raw=attempt.raw,
-                             keep_caller_salt=attempt.keeps_caller_salt)
-            (s._warm.apost if asynchronous else s._warm.post)(url, body, s.http)
+            body = warm_body(slow, attempt.kwargs, s.cache_salt, raw=attempt.raw,
+                             keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
+            caller = attempt.headers if attempt.raw else attempt.kwargs.get("extra_headers")
+            headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
+            (s._warm.apost if asynchronous else s._warm.post)(url, body, s.http, headers)
             return
-        call = warm_kwargs(s.slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
-                           keep_caller_salt=attempt.keeps_caller_salt)
+        call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
+                           keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
     except Exception as exc:  # building a warm never raises into the caller
         s._warm.abandon(exc)
         return
     (s._warm.asend if asynchronous else s._warm.send)(call, s.client)
+
+
+# ----------------------------------------------------------------- a pool's replica found down
+
+def eject(s: SessionState, attempt: Attempt, error: Exception) -> None:
+    """``attempt``'s replica is down (``error`` is an outage): leave it out for the retry policy's cool-off, here and
+    for every process on the state store, and never try it again this turn. Nothing for a backend that is no pool."""
+    url = _pooled_replica(s, attempt, error)
+    if url is not None:
+        s.ejections.mark(url, s.retry.replica_cooloff_s)
+
+
+async def aeject(s: SessionState, attempt: Attempt, error: Exception) -> None:
+    url = _pooled_replica(s, attempt, error)
+    if url is not None:
+        await s.ejections.amark(url, s.retry.replica_cooloff_s)
+
+
+def _pooled_replica(s: SessionState, attempt: Attempt, error: Exception) -> str | None:
+    url = attempt.backend.api_base
+    if url is None or url not in s.replicas.get(attempt.backend.label, {}) or outage_cause(error) is None:
+        return None
+    attempt.turn.replicas_down.add(url)
+    return url

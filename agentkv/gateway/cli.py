@@ -21,9 +21,11 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``gateway`` subcommand's options: exactly the contract's."""
-    parser.add_argument("--fast", required=True, metavar="URL", help="the fast backend's OpenAI base URL (…/v1)")
+    parser.add_argument("--fast", required=True, metavar="URL",
+                        help="the fast backend's OpenAI base URL (…/v1); URL,URL,… for a pool of replicas")
     parser.add_argument("--fast-model", required=True, metavar="NAME", help="the model id the fast backend serves")
-    parser.add_argument("--slow", required=True, metavar="URL", help="the slow backend's OpenAI base URL (…/v1)")
+    parser.add_argument("--slow", required=True, metavar="URL",
+                        help="the slow backend's OpenAI base URL (…/v1); URL,URL,… for a pool of replicas")
     parser.add_argument("--slow-model", required=True, metavar="NAME", help="the model id the slow backend serves")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")

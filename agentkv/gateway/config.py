@@ -43,8 +43,9 @@ _LIMITS_ENV = {
 class GatewayConfig:
     """What one gateway serves and how: the two backends, the listener, keys, shared state and limits.
 
-    ``fast_url``/``slow_url`` are OpenAI-compatible base URLs ending in ``/v1``; ``*_model`` the model ids
-    they serve. ``api_keys`` is the path of a JSON ``{"<key>": {"tenant": "<tenant>"}}`` file (None: one
+    ``fast_url``/``slow_url`` are OpenAI-compatible base URLs ending in ``/v1`` (a comma-separated list is a pool of
+    replicas of one model: each conversation keeps one, see ``docs/fleet.md``); ``*_model`` the model ids they serve.
+    ``api_keys`` is the path of a JSON ``{"<key>": {"tenant": "<tenant>"}}`` file (None: one
     anonymous tenant); ``redis_url`` shares warm-ahead guards and windows across processes.
     """
 
@@ -66,8 +67,9 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         for name in ("fast_url", "slow_url"):
             url = getattr(self, name)
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ConfigurationError(f"--{name[:4]} must be an http(s) base URL ending in /v1, got {url!r}")
+            if not isinstance(url, str) or not all(u.strip().startswith(("http://", "https://")) for u in url.split(",")):
+                raise ConfigurationError(f"--{name[:4]} must be an http(s) base URL ending in /v1 (or a comma-separated "
+                                         f"list of them, a pool), got {url!r}")
         for name in ("fast_model", "slow_model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
                 raise ConfigurationError(f"--{name.replace('_', '-')} must name the model the backend serves")
@@ -108,3 +110,8 @@ class GatewayConfig:
         data = json.loads(raw)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def urls_of(value: str) -> tuple[str, ...]:
+    """``--fast``/``--slow``'s value as URLs: one, or a pool's (comma-separated)."""
+    return tuple(u.strip().rstrip("/") for u in value.split(",") if u.strip())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import agentkv._env as _env
 from agentkv._http import HttpAnswer, HttpTransport
@@ -16,7 +16,7 @@ from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery
 from agentkv.events import digest, emit
 from agentkv.gateway.auth import ANONYMOUS, ApiKeys, bearer_token, load_api_keys, salt_secret
-from agentkv.gateway.config import GatewayConfig
+from agentkv.gateway.config import GatewayConfig, urls_of
 from agentkv.gateway.metrics import GatewayMetrics
 from agentkv.gateway.sessions import SessionMap
 from agentkv.gateway.upstream import Upstream
@@ -34,10 +34,11 @@ LEDGER_ROWS = 32
 
 
 def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:
-    """The fast and slow :class:`Backend` s: self-hosted OpenAI-compatible servers, named "fast" and "slow"."""
-    fast = Backend(f"hosted_vllm/{config.fast_model}", api_base=config.fast_url.rstrip("/"), name="fast")
-    slow = Backend(f"hosted_vllm/{config.slow_model}", api_base=config.slow_url.rstrip("/"), name="slow")
-    return fast, slow
+    """The fast and slow :class:`Backend` s: self-hosted OpenAI-compatible servers (or pools of them), named "fast"
+    and "slow"."""
+    fast, slow = urls_of(config.fast_url), urls_of(config.slow_url)
+    return (Backend(f"hosted_vllm/{config.fast_model}", api_base=fast[0], replicas=fast, name="fast"),
+            Backend(f"hosted_vllm/{config.slow_model}", api_base=slow[0], replicas=slow, name="slow"))
 
 
 def session_id(conversation: str) -> str:
@@ -71,7 +72,8 @@ class GatewayContext:
         self.sessions: SessionMap[_Key, Session] = SessionMap(
             self._new_session, max_sessions=config.max_sessions, idle_s=config.session_idle_s,
             on_drop=lambda session: session.close())
-        emit("gateway.ready", fast=self.fast.api_base, slow=self.slow.api_base, tenants=len(self.keys.tenants)
+        emit("gateway.ready", fast=list(self.fast.replicas) or self.fast.api_base,
+             slow=list(self.slow.replicas) or self.slow.api_base, tenants=len(self.keys.tenants)
              if self.keys else 0, shared_state=redis_url is not None, salted=self.secret is not None)
 
     def tenant(self, authorization: str | None) -> str | None:
@@ -92,9 +94,10 @@ class GatewayContext:
                        discovery=self.discovery, warm_ahead=self.warm_ahead, ledger_rows=LEDGER_ROWS, http=self.upstream,
                        **salted)
 
-    async def send(self, url: str, content: bytes) -> HttpAnswer:
-        """POST ``content`` (JSON) to ``url`` upstream; the answer's body is left unread (a stream)."""
-        return await self.upstream.post(url, content)
+    async def send(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer:
+        """POST ``content`` (JSON) to ``url`` upstream with ``headers`` (the conversation's routing key); the answer's
+        body is left unread (a stream)."""
+        return await self.upstream.post(url, content, headers)
 
     async def aclose(self) -> None:
         """Close the upstream connections (the process's Sessions need nothing closed)."""

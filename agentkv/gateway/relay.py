@@ -25,7 +25,7 @@ from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.exchange import JSON, Reply
 from agentkv._http import HttpAnswer, StartedPost
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
-from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, try_bytes
+from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, routing_headers_of, try_bytes
 
 __all__ = ["RECOVERABLE", "own_error", "relay"]
 
@@ -76,7 +76,7 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
             if taken is not None:
                 taken.cancel()
                 ctx.metrics.presend_discarded.inc()
-            response = await ctx.send(url, content)
+            response = await ctx.send(url, content, routing_headers_of(attempt))
         headed = time.perf_counter()
         if response.status_code >= 400:
             raise Rejected.of(response.status_code, await _read_closed(response))
@@ -149,7 +149,7 @@ def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any], counte
     attempt = session.presend(counted)
     if attempt is None:
         return None
-    started = ctx.upstream.start(endpoint_url(attempt), try_bytes(body, attempt))
+    started = ctx.upstream.start(endpoint_url(attempt), try_bytes(body, attempt), routing_headers_of(attempt))
     if started is not None:
         ctx.metrics.presends.inc()
     return started

@@ -35,7 +35,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -74,8 +74,8 @@ class Upstream:
     def get_json(self, url: str, *, timeout_s: float) -> Any:
         return self.json.get_json(url, timeout_s=timeout_s)
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return self.json.post_json(url, body, timeout_s=timeout_s)
+    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
+        return self.json.post_json(url, body, timeout_s=timeout_s, headers=headers)
 
     def get_text(self, url: str, *, timeout_s: float) -> str:
         return self.json.get_text(url, timeout_s=timeout_s)
@@ -83,33 +83,36 @@ class Upstream:
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
         return await self.json.aget_json(url, timeout_s=timeout_s)
 
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
-        return await self.json.apost_json(url, body, timeout_s=timeout_s)
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any:
+        return await self.json.apost_json(url, body, timeout_s=timeout_s, headers=headers)
 
     async def aget_text(self, url: str, *, timeout_s: float) -> str:
         return await self.json.aget_text(url, timeout_s=timeout_s)
 
-    async def post(self, url: str, content: bytes) -> UpstreamResponse:
-        """POST ``content`` (JSON) to ``url``; returns once the answer's headers are in (its body unread)."""
-        started = self.start(url, content)
+    async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> UpstreamResponse:
+        """POST ``content`` (JSON) to ``url`` with ``headers`` besides the gateway's own; returns once the answer's
+        headers are in (its body unread)."""
+        started = self.start(url, content, headers)
         if started is not None:
             return await started.response()
-        return await self._post_new(url, content)
+        return await self._post_new(url, content, headers)
 
-    def start(self, url: str, content: bytes) -> Started | None:
+    def start(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> Started | None:
         """POST ``content`` to ``url`` now, on an idle kept connection, without waiting (None when none is idle):
         the request is on the wire when this returns; :meth:`Started.response` awaits the answer's headers."""
         origin, head = self._target(url)
         connection = self._reusable(origin)
         if connection is None:
             return None
-        return Started(self, url, content, connection, connection.begin(_request(head, content), self))
+        return Started(self, url, content, connection, connection.begin(_request(head, content, headers), self),
+                       headers)
 
-    async def _post_new(self, url: str, content: bytes) -> UpstreamResponse:
+    async def _post_new(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> UpstreamResponse:
         origin, head = self._target(url)
         connection = await self._connect(origin)
         try:
-            return await connection.answer(connection.begin(_request(head, content), self), self)
+            return await connection.answer(connection.begin(_request(head, content, headers), self), self)
         except _ClosedBeforeAnswer as closed:
             raise httpx.RemoteProtocolError("the backend closed the connection without an answer") from closed.cause
 
@@ -185,8 +188,8 @@ class Started:
     :meth:`cancel` it (its connection is closed, so the backend aborts it)."""
 
     def __init__(self, client: Upstream, url: str, content: bytes, connection: _Connection,
-                 head: asyncio.Future[UpstreamResponse]) -> None:
-        self._client, self.url, self.content = client, url, content
+                 head: asyncio.Future[UpstreamResponse], headers: Mapping[str, str] | None = None) -> None:
+        self._client, self.url, self.content, self.headers = client, url, content, headers
         self._connection, self._head = connection, head
 
     async def response(self) -> UpstreamResponse:
@@ -195,7 +198,7 @@ class Started:
         try:
             return await self._connection.answer(self._head, self._client)
         except _ClosedBeforeAnswer:
-            return await self._client._post_new(self.url, self.content)
+            return await self._client._post_new(self.url, self.content, self.headers)
 
     def cancel(self) -> None:
         """Abandon the request: its connection is closed (an answer that came is dropped)."""
@@ -463,6 +466,15 @@ def _protocol_error(message: str, cause: BaseException | None) -> httpx.RemotePr
     return error
 
 
-def _request(head: bytes, content: bytes) -> bytes:
-    """A POST's bytes: the target's request line and headers, its length, its JSON body."""
-    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(content), content)
+def _request(head: bytes, content: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+    """A POST's bytes: the target's request line and headers, the caller's ``headers`` (names and values with no
+    CR, LF or NUL: anything else is refused, never sent), its length, its JSON body."""
+    extra = b"".join(b"%s: %s\r\n" % (_header_bytes(name), _header_bytes(value))
+                     for name, value in headers.items()) if headers else b""
+    return b"%s%sContent-Length: %d\r\n\r\n%s" % (head, extra, len(content), content)
+
+
+def _header_bytes(text: str) -> bytes:
+    if not isinstance(text, str) or any(c in text for c in "\r\n\0"):
+        raise ValueError(f"a header name or value holds a line break or NUL: {text[:40]!r}")
+    return text.encode("latin-1")

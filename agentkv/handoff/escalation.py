@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from agentkv._http import HttpTransport
 from agentkv.backends import Backend
@@ -81,16 +81,17 @@ class Handoff:
 
     def at_escalation(self, fast: Backend, slow: Backend, payload: Payload, cache_salt: str | None, *,
                       attempt: Any = None, previous: Payload | None = None, warm: Any = None,
-                      http: HttpTransport | None = None) -> HandoffOutcome:
+                      http: HttpTransport | None = None, headers: Mapping[str, str] | None = None) -> HandoffOutcome:
         """Map the fast engine's cached prefix into the slow engine, or say why it replays instead.
 
         ``via="vllm"``: ``attempt`` (the escalated request, edited to name the export), ``previous`` (the payload
-        fast last served), ``warm`` (the Session's warm-ahead) and ``http`` (the seam the export goes through).
+        fast last served), ``warm`` (the Session's warm-ahead), ``http`` (the seam the export goes through) and
+        ``headers`` (the conversation's routing headers, so a router sends the export where fast served it).
         """
         if self.via == "vllm":
             if attempt is None or http is None:
                 return self._fallback("a vLLM handoff needs the escalated request and an HTTP transport")
-            return self._via_connector(fast, attempt, previous or payload, cache_salt, warm, http)
+            return self._via_connector(fast, attempt, previous or payload, cache_salt, warm, http, headers)
         from agentkv.embedded.server import engine_at
 
         engines = engine_at(fast.api_base), engine_at(slow.api_base)
@@ -126,7 +127,7 @@ class Handoff:
         return self._mapper
 
     def _via_connector(self, fast: Backend, attempt: Any, prefix: Payload, cache_salt: str | None, warm: Any,
-                       http: HttpTransport) -> HandoffOutcome:
+                       http: HttpTransport, headers: Mapping[str, str] | None) -> HandoffOutcome:
         from agentkv.handoff.plan import choose_handoff, log_plan
         from agentkv.handoff.served import MapperSummary, import_request
 
@@ -142,7 +143,7 @@ class Handoff:
         log_plan(plan, cold=cold)
         if plan.replay:
             return HandoffOutcome(0, REPLAY, plan.reason, fallback=plan.fallback)
-        exported = self._export(fast, prefix, cache_salt, http)
+        exported = self._export(fast, prefix, cache_salt, http, headers)
         if isinstance(exported, HandoffOutcome):
             return exported
         attempt.kwargs, attempt.cache_salt = import_request(attempt.kwargs, exported, summary, cache_salt,
@@ -151,7 +152,8 @@ class Handoff:
         attempt.handoff_export = exported  # per request: two escalations in flight each count their own import
         return HandoffOutcome(0, plan.backend, f"import of {exported[:12]} sent ({cold})", pending=True)
 
-    def _export(self, fast: Backend, prefix: Payload, cache_salt: str | None, http: HttpTransport) -> str | HandoffOutcome:
+    def _export(self, fast: Backend, prefix: Payload, cache_salt: str | None, http: HttpTransport,
+                headers: Mapping[str, str] | None = None) -> str | HandoffOutcome:
         """Ask fast to export ``prefix``'s KV: the export id, or the fallback outcome when it did not."""
         from agentkv.handoff.served import export_body
         from agentkv.wire.kv_transfer import export_result
@@ -160,7 +162,7 @@ class Handoff:
         url = f"{(fast.api_base or '').rstrip('/')}/chat/completions"
         try:
             answer = http.post_json(url, export_body(fast.served_model, prefix, cache_salt),
-                                    timeout_s=self.export_timeout_s)
+                                    timeout_s=self.export_timeout_s, headers=headers)
         except Exception as error:  # fast unreachable or refusing: replay
             return self._fallback(f"export failed: {type(error).__name__}: {str(error)[:200]}")
         found = export_result(answer.get("kv_transfer_params") if isinstance(answer, dict) else None)

@@ -39,7 +39,7 @@ import httpx
 from agentkv._session import Attempt, TurnEnd
 from agentkv.errors import AgentKVError, ContextOverflowError
 from agentkv.retry import outage_cause
-from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, outgoing_body
+from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, outgoing_body, routing_headers_of
 
 if TYPE_CHECKING:
     from agentkv._session import Session
@@ -60,12 +60,17 @@ def is_chat_completion(request: httpx.Request) -> bool:
     return request.method == "POST" and request.url.path.rstrip("/").endswith("/chat/completions")
 
 
-def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
-    """``request`` re-addressed to the attempt's backend (its ``api_base``) carrying this try's body."""
+def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, *,
+                     pooled: bool = False) -> httpx.Request:
+    """``request`` re-addressed to the attempt's backend (its ``api_base``: slow's, or a pool's replica for this
+    conversation) carrying this try's body and the conversation's routing key (a session header the caller set
+    wins). A fast try goes where the client sent it unless fast is a pool (``pooled``)."""
     url = request.url
-    if attempt.decision.role == "slow" and attempt.backend.api_base:
+    if attempt.backend.api_base and (attempt.decision.role == "slow" or pooled):
         url = httpx.URL(endpoint_url(attempt), params=request.url.params)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+    taken = {k.lower() for k in headers}
+    headers.update({k: v for k, v in routing_headers_of(attempt).items() if k.lower() not in taken})
     if attempt.decision.role == "slow" and attempt.backend.api_key:
         headers["authorization"] = f"Bearer {attempt.backend.api_key}"
     content = json.dumps(outgoing_body(body, attempt)).encode()
@@ -242,13 +247,16 @@ class AgentKVTransport(httpx.BaseTransport):
             return self._inner.handle_request(request)
         body = json.loads(request.read())
         try:
-            attempt = self.session.prepare(counted_view(body))
+            attempt = self.session.prepare(counted_view(body), headers=request.headers)
         except ContextOverflowError as error:
             return refused(error)
         stream = bool(body.get("stream"))
-        ended = self.session.turn(attempt, lambda a: self._once(outgoing_request(request, body, a), stream),
+        ended = self.session.turn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream),
                                   streamed=stream)
         return _answered(self.session, request, ended, stream, asynchronous=False)
+
+    def _outgoing(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
+        return outgoing_request(request, body, attempt, pooled=self.session.fast.is_pool)
 
     def _once(self, request: httpx.Request, stream: bool) -> Sent:
         response = self._inner.handle_request(request)
@@ -282,13 +290,16 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
             return await self._inner.handle_async_request(request)
         body = json.loads(await request.aread())
         try:
-            attempt = await self.session.aprepare(counted_view(body))
+            attempt = await self.session.aprepare(counted_view(body), headers=request.headers)
         except ContextOverflowError as refusal:
             return refused(refusal)
         stream = bool(body.get("stream"))
-        ended = await self.session.aturn(attempt, lambda a: self._once(outgoing_request(request, body, a), stream),
+        ended = await self.session.aturn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream),
                                          streamed=stream)
         return _answered(self.session, request, ended, stream, asynchronous=True)
+
+    def _outgoing(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
+        return outgoing_request(request, body, attempt, pooled=self.session.fast.is_pool)
 
     async def _once(self, request: httpx.Request, stream: bool) -> Sent:
         response = await self._inner.handle_async_request(request)

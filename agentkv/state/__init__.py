@@ -1,8 +1,10 @@
-"""State that many orchestrator replicas share: warm-ahead cooldowns and leases, discovered windows.
+"""State that many orchestrator replicas share: warm-ahead cooldowns and leases, discovered windows, backend replicas
+cooling off after an outage.
 
 - :mod:`agentkv.state.protocol`: the :class:`StateStore` Protocol and its value types;
 - :mod:`agentkv.state.memory`: :class:`InProcessStore`, one process's guards (the default);
-- :mod:`agentkv.state.redis`: :class:`RedisStore`, the same guards for a fleet, through Redis.
+- :mod:`agentkv.state.redis`: :class:`RedisStore`, the same guards for a fleet, through Redis;
+- :mod:`agentkv.state.ejections`: :class:`Ejections`, which replicas of a backend pool are out (over any store).
 
     Session(fast, slow, state=RedisStore.from_url("redis://cache:6379/0", namespace="prod"))
 
@@ -10,10 +12,12 @@ See ``docs/replicas.md`` for the failure policy and the key layout.
 """
 
 from agentkv._lazy import lazy_exports
+from agentkv.state.ejections import DEFAULT_COOLOFF_S, Ejections, ejections_for
 from agentkv.state.memory import InProcessStore
 from agentkv.state.protocol import Lease, SharedWindow, StateStore, StateUnavailable, WarmClaim
 
-__all__ = ["InProcessStore", "Lease", "RedisStore", "SharedWindow", "StateStore", "StateUnavailable", "WarmClaim"]
+__all__ = ["DEFAULT_COOLOFF_S", "Ejections", "InProcessStore", "Lease", "RedisStore", "SharedWindow", "StateStore",
+           "StateUnavailable", "WarmClaim", "ejections_for"]
 
 
 # redis-py is imported only by those who use it

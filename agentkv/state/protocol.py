@@ -1,4 +1,5 @@
-"""What replicas must share, as a Protocol: one atomic warm claim, its release, and shared windows.
+"""What replicas must share, as a Protocol: one atomic warm claim, its release, shared windows, and which backend
+replicas are cooling off after an outage.
 
 A warm claim is one step, not three: "is this (tenant, session) cooling down? is a slot free? then
 take both" must not interleave with another replica's claim, so a store does it atomically (a lock
@@ -9,7 +10,7 @@ skip the warm (better no warm than an unguarded one) or fall back to their own c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Collection, Literal, Protocol, Sequence, runtime_checkable
 
 ClaimOutcome = Literal["fire", "cooldown", "saturated"]
 
@@ -79,3 +80,26 @@ class StateStore(Protocol):
         ...
 
     async def awrite_window(self, key: str, window: SharedWindow, ttl_s: float) -> None: ...
+
+    def mark_down(self, key: str, ttl_s: float) -> None:
+        """Record that replica ``key`` is down for the next ``ttl_s`` seconds (a later mark extends it)."""
+        ...
+
+    async def amark_down(self, key: str, ttl_s: float) -> None: ...
+
+    def read_down(self, keys: Sequence[str]) -> frozenset[str]:
+        """Which of ``keys`` are marked down now."""
+        ...
+
+    async def aread_down(self, keys: Sequence[str]) -> frozenset[str]: ...
+
+    def home_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
+                     slack: float, idle_s: float) -> str:
+        """Atomically: the replica of ``pool`` that is ``conversation``'s home (kept while it is active, its last
+        request within ``idle_s``), else a new home: the first of ``ranked`` (the conversation's order of
+        preference) not ``down`` whose active conversations are under ``ceil(slack * (active + 1) / up)``. A home
+        that is down is still answered (the caller goes to its next replica meanwhile, and back once it is up)."""
+        ...
+
+    async def ahome_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
+                            slack: float, idle_s: float) -> str: ...

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Collection, Sequence, TypeVar
 
 import redis
 import redis.asyncio as aredis
@@ -60,6 +60,44 @@ def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
+# KEYS: the pool's homes (hash: conversation -> replica), its activity (zset: conversation -> last seen ms).
+# ARGV: conversation digest, idle ms, slack, then the ranked replicas, each followed by "1" when down.
+HOME_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local idle = tonumber(ARGV[2])
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - idle, 'LIMIT', 0, 256)
+for _, c in ipairs(old) do redis.call('HDEL', KEYS[1], c); redis.call('ZREM', KEYS[2], c) end
+local ranked, down = {}, {}
+for i = 4, #ARGV, 2 do
+  ranked[#ranked + 1] = ARGV[i]
+  down[ARGV[i]] = ARGV[i + 1] == '1'
+end
+local home = redis.call('HGET', KEYS[1], ARGV[1])
+local known = false
+if home then for _, r in ipairs(ranked) do if r == home then known = true end end end
+if not known then
+  local cand = {}
+  for _, r in ipairs(ranked) do if not down[r] then cand[#cand + 1] = r end end
+  if #cand == 0 then cand = ranked end
+  local counts, total = {}, 0
+  for _, r in ipairs(cand) do counts[r] = 0 end
+  for _, r in ipairs(redis.call('HVALS', KEYS[1])) do
+    if counts[r] then counts[r] = counts[r] + 1; total = total + 1 end
+  end
+  local cap = math.ceil(tonumber(ARGV[3]) * (total + 1) / #cand)
+  home = nil
+  for _, r in ipairs(cand) do if home == nil and counts[r] < cap then home = r end end
+  if home == nil then home = cand[1] end
+  redis.call('HSET', KEYS[1], ARGV[1], home)
+end
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], idle)
+redis.call('PEXPIRE', KEYS[2], idle)
+return home
+"""
+
+
 class KeyLayout:
     """Every key a :class:`RedisStore` writes, under one deployment's namespace."""
 
@@ -77,6 +115,15 @@ class KeyLayout:
 
     def correction(self, key: str) -> str:
         return f"{self.prefix}:correction:{digest(key)}"
+
+    def down(self, key: str) -> str:
+        return f"{self.prefix}:down:{digest(key)}"
+
+    def homes(self, pool: str) -> str:
+        return f"{self.prefix}:homes:{digest(pool)}"
+
+    def seen(self, pool: str) -> str:
+        return f"{self.prefix}:seen:{digest(pool)}"
 
 
 class _Breaker:
@@ -123,6 +170,7 @@ class RedisStore:
         self._options = options
         self.client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
         self._script = self.client.register_script(CLAIM_SCRIPT)
+        self._home_script = self.client.register_script(HOME_SCRIPT)
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self._breaker = _Breaker(retry_s, clock)
 
@@ -138,7 +186,8 @@ class RedisStore:
         pair = self._async.get(loop)
         if pair is None:
             client = aredis.Redis.from_url(self.url, retry=AsyncRetry(NoBackoff(), 0), **self._options)
-            pair = self._async[loop] = (client, client.register_script(CLAIM_SCRIPT))
+            pair = self._async[loop] = (client, client.register_script(CLAIM_SCRIPT),
+                                        client.register_script(HOME_SCRIPT))
         return pair[0]
 
     def _async_script(self) -> Any:
@@ -214,6 +263,45 @@ class RedisStore:
         if window.correction is not None:
             writes.append((self.keys.correction(key), str(window.correction), _ms(ttl_s)))
         return writes
+
+    # ------------------------------------------------------------------ replicas cooling off
+    def mark_down(self, key: str, ttl_s: float) -> None:
+        self._call(lambda: self.client.set(self.keys.down(key), "1", px=_ms(ttl_s)))
+
+    async def amark_down(self, key: str, ttl_s: float) -> None:
+        await self._acall(lambda c: c.set(self.keys.down(key), "1", px=_ms(ttl_s)))
+
+    def read_down(self, keys: Sequence[str]) -> frozenset[str]:
+        if not keys:
+            return frozenset()
+        values = self._call(lambda: self.client.mget([self.keys.down(key) for key in keys]))
+        return frozenset(key for key, value in zip(keys, values) if value)
+
+    async def aread_down(self, keys: Sequence[str]) -> frozenset[str]:
+        if not keys:
+            return frozenset()
+        values = await self._acall(lambda c: c.mget([self.keys.down(key) for key in keys]))
+        return frozenset(key for key, value in zip(keys, values) if value)
+
+    # ------------------------------------------------------------------ a pool's conversations
+    def _home_args(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], slack: float,
+                   idle_s: float) -> tuple[list[str], list[Any]]:
+        args: list[Any] = [digest(conversation), _ms(idle_s), repr(float(slack))]
+        for replica in ranked:
+            args += [replica, "1" if replica in down else "0"]
+        return [self.keys.homes(pool), self.keys.seen(pool)], args
+
+    def home_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
+                     slack: float, idle_s: float) -> str:
+        keys, args = self._home_args(pool, conversation, ranked, down, slack, idle_s)
+        return str(self._call(lambda: self._home_script(keys=keys, args=args)))
+
+    async def ahome_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
+                            slack: float, idle_s: float) -> str:
+        keys, args = self._home_args(pool, conversation, ranked, down, slack, idle_s)
+        self.async_client()
+        script = self._async[asyncio.get_running_loop()][2]
+        return str(await self._acall(lambda c: script(keys=keys, args=args)))
 
     def close(self) -> None:
         """Close the sync client's connections (asyncio clients close with their loops)."""

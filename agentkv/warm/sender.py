@@ -19,15 +19,17 @@ import numbers
 import queue
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from agentkv._defaults import process_default
 from agentkv._http import HttpTransport
 from agentkv.errors import ConfigurationError
+from agentkv.retry import outage_cause
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
 from agentkv.tokens.payload import detached
+from agentkv.state.ejections import DEFAULT_COOLOFF_S, Ejections
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
 from agentkv.warm.aware import SlowResidency
 from agentkv.warm.economics import TurnSample
@@ -154,11 +156,23 @@ class WarmAhead:
         self._session_id, self._tenant = session_id, tenant
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
+        self.warmed_tokens: int | None = None  # the fired warm's estimated prompt tokens (what its escalation expects)
         self._clock = _checked_clock(clock)
         self.turns: collections.deque[TurnSample] = collections.deque(maxlen=policy.growth_turns)
         self.residency: SlowResidency | None = None
         self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
         self._events_claimed = 0
+        self.replica: str | None = None  # the pool replica warms go to (a pool's slow backend), None otherwise
+        self.ejections: Ejections | None = None  # where a replica found down by a warm is marked (a pool's)
+        self.cooloff_s = DEFAULT_COOLOFF_S
+
+    def retarget(self, replica: str | None) -> None:
+        """Warms now go to ``replica`` (a pool's, for this conversation): a warm on another replica no longer counts,
+        and the cooldown is claimed per replica, so a conversation moved to a new replica is warmed there again."""
+        if replica != self.replica:
+            if self.replica is not None:
+                self.warmed, self.warmed_tokens = None, None
+            self.replica = replica
 
     def attach(self, residency: SlowResidency) -> None:
         """Make this session's warms event-aware: each is decided in its job from what the slow server holds."""
@@ -201,7 +215,8 @@ class WarmAhead:
 
     def _claim(self) -> WarmClaim:
         p = self.policy
-        return WarmClaim(self._tenant or "", self._session_id, p.cooldown_s, p.max_sessions, p.max_in_flight,
+        session = self._session_id if self.replica is None else f"{self._session_id}@{self.replica}"
+        return WarmClaim(self._tenant or "", session, p.cooldown_s, p.max_sessions, p.max_in_flight,
                          lease_s=p.timeout_s + 1.0)
 
     def _counted(self, outcome: str, payload: Payload, inputs: dict[str, Any]) -> str:
@@ -217,6 +232,7 @@ class WarmAhead:
         if outcome == "fire":
             self._stats.add("warm_fired")
             self.warmed = detached(payload, deep=True)  # the warm's prompt, whatever the caller edits before escalating
+            self.warmed_tokens = inputs.get("estimated_tokens")
             emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
         return outcome
 
@@ -256,13 +272,13 @@ class WarmAhead:
         """Send ``call`` through ``client.acompletion`` as a task bounded by the policy's timeout."""
         self._as_task(lambda: client.acompletion(**call))
 
-    def post(self, url: str, body: dict[str, Any], http: HttpTransport) -> None:
-        """POST the warm's raw ``body`` to ``url`` over the HTTP seam on a daemon worker thread."""
-        self._on_thread(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s))
+    def post(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None) -> None:
+        """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the HTTP seam on a daemon worker thread."""
+        self._on_thread(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s, headers=headers))
 
-    def apost(self, url: str, body: dict[str, Any], http: HttpTransport) -> None:
-        """POST the warm's raw ``body`` to ``url`` over the async HTTP seam, as a task."""
-        self._as_task(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s))
+    def apost(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None) -> None:
+        """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the async HTTP seam, as a task."""
+        self._as_task(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s, headers=headers))
 
     def _on_thread(self, send: Callable[[], Any]) -> None:
         lease = self._take_lease()
@@ -294,7 +310,8 @@ class WarmAhead:
                 await send()
                 self._stats.add("warm_completed")
             except Exception as exc:  # a warm never raises into anyone
-                self._failed(exc)
+                await self._aeject(exc)
+                self._failed(exc, eject=False)
             finally:
                 await self._arelease(lease)
 
@@ -345,7 +362,8 @@ class WarmAhead:
                 residency.record_warm(ids, exact, sent_at, response)
                 await residency.asettle(ids)
         except Exception as exc:  # a warm never raises into anyone
-            self._failed(exc)
+            await self._aeject(exc)
+            self._failed(exc, eject=False)
         finally:
             await self._arelease(lease)
             if owns:
@@ -391,7 +409,20 @@ class WarmAhead:
         self.warmed = payload
         emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant)
 
-    def _failed(self, exc: BaseException) -> None:
+    def _down(self, exc: BaseException) -> str | None:
+        """The pool replica this warm found down (its error is an outage), else None."""
+        replica = self.replica
+        return replica if replica is not None and self.ejections is not None and outage_cause(exc) is not None else None
+
+    async def _aeject(self, exc: BaseException) -> None:
+        replica = self._down(exc)
+        if replica is not None and self.ejections is not None:
+            await self.ejections.amark(replica, self.cooloff_s)
+
+    def _failed(self, exc: BaseException, *, eject: bool = True) -> None:
+        replica = self._down(exc) if eject else None
+        if replica is not None and self.ejections is not None:
+            self.ejections.mark(replica, self.cooloff_s)  # found down by its warm: the next turn moves, and re-warms
         self._stats.add("warm_failed")
         emit("warm_failed", level="warning", error=type(exc).__name__,
              status_code=getattr(exc, "status_code", None), session=self._session_id, tenant=self._tenant)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
+from agentkv.fleet import routing_headers
 from agentkv.tenancy import with_body_salt
 
 if TYPE_CHECKING:
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from agentkv.backends import Backend
     from agentkv.routing import RouteDecision
 
-__all__ = ["NOT_COUNTED", "OBSERVED_KEYS", "Rejected", "UsageWatch", "counted_view", "endpoint_url", "outgoing_body", "try_bytes"]
+__all__ = ["NOT_COUNTED", "OBSERVED_KEYS", "Rejected", "UsageWatch", "counted_view", "endpoint_url",
+           "outgoing_body", "routing_headers_of", "try_bytes"]
 
 NOT_COUNTED = ("stream", "stream_options")
 """Keys of a body that shape neither the prompt nor the budget: not counted, not warmed."""
@@ -36,7 +38,8 @@ _BUDGET_KEYS = ("max_tokens", "max_completion_tokens")
 
 class Attempt(Protocol):
     """What a try's wire form is made of (an :class:`agentkv.Attempt` is one): its route, its backend, the caller's
-    kwargs as the Session holds them, the salt, and the KV export it names."""
+    kwargs as the Session holds them, the salt, the KV export it names, the conversation's routing key and the raw
+    request's own headers."""
 
     @property
     def decision(self) -> "RouteDecision": ...
@@ -52,6 +55,10 @@ class Attempt(Protocol):
     def handoff_export(self) -> str | None: ...
     @property
     def text(self) -> bool: ...
+    @property
+    def routing_key(self) -> str | None: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 def counted_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,8 +80,16 @@ def outgoing_body(body: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
         named = attempt.kwargs.get("kv_transfer_params") or (attempt.kwargs.get("extra_body") or {}).get(
             "kv_transfer_params")
         out["kv_transfer_params"] = named
+    if attempt.backend.affinity_user and attempt.routing_key is not None and out.get("user") is None:
+        out["user"] = attempt.routing_key
     return with_body_salt(out, attempt.cache_salt if attempt.backend.api_base else None,
                           keep_caller=attempt.keeps_caller_salt)
+
+
+def routing_headers_of(attempt: Attempt) -> dict[str, str]:
+    """The headers this try carries besides the body's: the conversation's routing key under the backend's affinity
+    header names (a raw request's own headers, which its sender passes on itself, win)."""
+    return routing_headers(attempt.backend, attempt.routing_key, attempt.headers) if attempt.routing_key else {}
 
 
 def endpoint_url(attempt: Attempt) -> str:

@@ -89,8 +89,9 @@ def app(served: Hosting) -> Any:
             return refuse(path, 408, f"The request body was not received within {served.client_timeout_s:g} s.")
         loop = asyncio.get_running_loop()
         content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
+        logged = dict(request.headers) if served.logs_requests else None
         reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
-                                           request.url.path, raw, content_type)
+                                           request.url.path, raw, content_type, logged)
         headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
         if reply.events is not None:
             return StreamingResponse(_relay(served, reply, request), status_code=reply.status,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from http import HTTPStatus
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from agentkv.embedded.engine.limits import error_body
 
@@ -42,6 +42,7 @@ class LoggedRequest(NamedTuple):
     method: str
     path: str
     body: Any
+    headers: Mapping[str, str] = {}  # noqa: RUF012 - a NamedTuple default, never mutated: names lower-cased
 
 
 class RequestLogDisabled(RuntimeError):
@@ -58,11 +59,11 @@ class RequestLog:
         self._entries: deque[LoggedRequest] = deque(maxlen=capacity or 1)
         self._lock = threading.Lock()
 
-    def record(self, method: str, path: str, body: Any) -> None:
+    def record(self, method: str, path: str, body: Any, headers: Mapping[str, str] | None = None) -> None:
         """Keep this request (dropping the oldest past ``capacity``); a no-op when the log is off."""
         if self.capacity:
             with self._lock:
-                self._entries.append(LoggedRequest(method, path, body))
+                self._entries.append(LoggedRequest(method, path, body, dict(headers or {})))
 
     def entries(self) -> list[LoggedRequest]:
         """A copy of the kept requests, oldest first; raises :class:`RequestLogDisabled` when the log is off."""

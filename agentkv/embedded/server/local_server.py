@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from agentkv.events import emit
 from agentkv.embedded.engine import LocalEngine
@@ -248,9 +248,14 @@ class LocalServer:
 
     # --- request log (opt-in) ------------------------------------------------------------------
 
-    def record(self, method: str, path: str, body: Any) -> None:
-        """Keep one request in the log, if the server keeps one (called by the routes)."""
-        self._log.record(method, path, body)
+    def record(self, method: str, path: str, body: Any, headers: Mapping[str, str] | None = None) -> None:
+        """Keep one request (and its headers) in the log, if the server keeps one (called by the routes)."""
+        self._log.record(method, path, body, headers)
+
+    @property
+    def logs_requests(self) -> bool:
+        """Whether this server keeps a request log (``request_log=N``)."""
+        return self._log.capacity > 0
 
     @property
     def requests(self) -> list[LoggedRequest]:

@@ -15,7 +15,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from agentkv.events import emit
 from agentkv.embedded.engine.codec import ChatRequest
@@ -232,10 +232,12 @@ def _check_content_type(path: str, content_type: str | None) -> None:
         raise validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])
 
 
-def handle(served: Served, method: str, path: str, raw: bytes, content_type: str | None = None) -> Reply:
+def handle(served: Served, method: str, path: str, raw: bytes, content_type: str | None = None,
+           headers: Mapping[str, str] | None = None) -> Reply:
     """Answer one request; every failure becomes vLLM's (or FastAPI's) error JSON.
 
-    ``content_type`` None skips the media-type check (for in-process callers that send JSON bytes).
+    ``content_type`` None skips the media-type check (for in-process callers that send JSON bytes); ``headers`` go in
+    the request log with it.
     """
     path = path.rstrip("/") or "/"
     methods = ROUTES.get(path)
@@ -247,9 +249,9 @@ def handle(served: Served, method: str, path: str, raw: bytes, content_type: str
     try:
         body = _parse_body(raw)
     except RequestError as exc:
-        served.record(method, path, None)
+        served.record(method, path, None, headers)
         return Reply(status=exc.status, body=exc.body)
-    served.record(method, path, body)
+    served.record(method, path, body, headers)
     try:
         _check_content_type(path, content_type if method == "POST" else None)
         return route(served, body, Reply())

@@ -12,7 +12,7 @@ Usage::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 if TYPE_CHECKING:
     from agentkv.embedded.engine import LocalEngine
@@ -45,7 +45,10 @@ class Served(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
-    def record(self, method: str, path: str, body: Any) -> None: ...
+    @property
+    def logs_requests(self) -> bool: ...
+
+    def record(self, method: str, path: str, body: Any, headers: Mapping[str, str] | None = None) -> None: ...
 
     def compile_grammar(self, spec: GrammarSpec) -> Any: ...
 

@@ -1,0 +1,127 @@
+"""Which replicas are cooling off after an outage: this process's own marks at once, every other process's through
+the :class:`~agentkv.state.StateStore` (with :class:`~agentkv.state.RedisStore`, ejections are shared by every
+process on that Redis).
+
+A replica found down (the try's error is an outage: :func:`agentkv.retry.outage_cause`) is marked for a cool-off;
+its conversations go to their next replica meanwhile (:func:`agentkv.fleet.choose`). The store is read
+at most once per ``refresh_s`` per pool, so choosing a replica costs a dictionary lookup on most requests. A store
+that does not answer leaves this process's own marks in force: an ejection is a guess, and a try tells.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Callable, Sequence
+
+from agentkv.events import emit
+from agentkv.state.protocol import StateStore, StateUnavailable
+
+__all__ = ["DEFAULT_COOLOFF_S", "PROBE_EVERY_S", "Ejections", "ejections_for"]
+
+DEFAULT_COOLOFF_S = 30.0
+PROBE_EVERY_S = 5.0  # how often a process checks that a replica holding its conversations' warms is up
+
+
+class Ejections:
+    """Replicas marked down, per ``store``. ``mark``/``amark`` eject one for ``cooloff_s``; ``down``/``adown`` say
+    which of a pool's replicas are out now."""
+
+    def __init__(self, store: StateStore, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.refresh_s, self._clock = store, refresh_s, clock
+        self._own: dict[str, float] = {}  # replica -> when this process's own mark ends
+        self._seen: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}  # pool -> (read at, down then)
+        self._probed: dict[str, float] = {}  # replica -> when this process last checked it was up
+        self._lock = threading.Lock()
+
+    def probe_due(self, replica: str, every_s: float = PROBE_EVERY_S) -> bool:
+        """Whether ``replica`` should be checked now (at most once per ``every_s`` per process); True claims it."""
+        now = self._clock()
+        with self._lock:
+            if now - self._probed.get(replica, float("-inf")) < every_s:
+                return False
+            if len(self._probed) > 4096:
+                self._probed.clear()
+            self._probed[replica] = now
+            return True
+
+    def _marked(self, replica: str, cooloff_s: float) -> bool:
+        """Record this process's mark; True when it is news (the replica was not already out here)."""
+        now = self._clock()
+        with self._lock:
+            fresh = self._own.get(replica, 0.0) <= now
+            self._own[replica] = now + cooloff_s
+            self._seen.clear()  # the next read asks the store again
+        if fresh:
+            emit("replica_ejected", level="warning", replica=replica, cooloff_s=cooloff_s)
+        return fresh
+
+    def mark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S) -> None:
+        """Eject ``replica`` for ``cooloff_s``, here at once and in the store (best effort)."""
+        self._marked(replica, cooloff_s)
+        try:
+            self.store.mark_down(replica, cooloff_s)
+        except StateUnavailable:
+            pass
+
+    async def amark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S) -> None:
+        self._marked(replica, cooloff_s)
+        try:
+            await self.store.amark_down(replica, cooloff_s)
+        except StateUnavailable:
+            pass
+
+    def _cached(self, pool: tuple[str, ...]) -> frozenset[str] | None:
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(pool)
+            if seen is not None and now - seen[0] < self.refresh_s:
+                return seen[1]
+        return None
+
+    def _remember(self, pool: tuple[str, ...], shared: frozenset[str]) -> frozenset[str]:
+        now = self._clock()
+        with self._lock:
+            own = frozenset(replica for replica in pool if self._own.get(replica, 0.0) > now)
+            down = own | shared
+            if len(self._seen) > 1024:
+                self._seen.clear()
+            self._seen[pool] = (now, down)
+        return down
+
+    def down(self, pool: Sequence[str]) -> frozenset[str]:
+        """The replicas of ``pool`` that are out now (this process's marks, and the store's as last read)."""
+        key = tuple(pool)
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        try:
+            shared = self.store.read_down(key)
+        except StateUnavailable:
+            shared = frozenset()
+        return self._remember(key, shared)
+
+    async def adown(self, pool: Sequence[str]) -> frozenset[str]:
+        key = tuple(pool)
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        try:
+            shared = await self.store.aread_down(key)
+        except StateUnavailable:
+            shared = frozenset()
+        return self._remember(key, shared)
+
+
+_FOR_STORE: "weakref.WeakKeyDictionary[StateStore, Ejections]" = weakref.WeakKeyDictionary()
+_FOR_STORE_LOCK = threading.Lock()
+
+
+def ejections_for(store: StateStore) -> Ejections:
+    """The process's one :class:`Ejections` over ``store`` (every Session on that store shares it)."""
+    with _FOR_STORE_LOCK:
+        found = _FOR_STORE.get(store)
+        if found is None:
+            found = _FOR_STORE[store] = Ejections(store)
+        return found

@@ -1,0 +1,286 @@
+"""A tier of many replicas: the routing key on every request, a caller's routing headers on its warm, a pool's replicas
+chosen by rendezvous hashing with bounded loads, ejected when down, and a conversation re-warmed on its next replica."""
+
+import copy
+import uuid
+
+import pytest
+
+from agentkv import Backend, RetryPolicy, Session, WindowDiscovery
+from agentkv.demo.script import TOOLS, ScriptedAgent
+from agentkv.fleet import affinity_missed, choose, forwardable_headers, ranked, routing_headers, routing_key
+from agentkv.state import Ejections, InProcessStore
+from agentkv.state.memory import new_home
+from agentkv.testing import FakeClock, capture_events
+
+TOOLS8 = TOOLS[:8]
+KEY_HEADER = "x-session-id"
+
+
+def grow(turns, seed=0):
+    agent = ScriptedAgent(result_rows=1)
+    msgs = agent.opening()
+    msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']} (conversation {seed})"}
+    history = [copy.deepcopy(msgs)]
+    for _ in range(turns):
+        msgs = msgs + agent.next_turn()
+        history.append(copy.deepcopy(msgs))
+    return history
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+def test_the_routing_key_is_an_opaque_stable_digest():
+    """The key is 32 hex characters, the same in every process for one (tenant, session, secret), different when any
+    of them differs, and contains neither the tenant's name nor the session id."""
+    key = routing_key("acme-corp", "conversation-42", "s3cret")
+    assert len(key) == 32 and int(key, 16) >= 0
+    assert key == routing_key("acme-corp", "conversation-42", "s3cret")
+    others = {routing_key("acme-corp", "conversation-43", "s3cret"), routing_key("other", "conversation-42", "s3cret"),
+              routing_key("acme-corp", "conversation-42", "other"), routing_key(None, "conversation-42", "s3cret")}
+    assert key not in others and len(others) == 4
+    assert "acme" not in key and "42" not in key.replace(key, "")
+
+
+def test_a_callers_credentials_never_ride_on_a_warm():
+    """Forwardable headers keep routing ones and drop credentials, hop-by-hop and body headers; a caller's own session
+    header wins over the key; the set is bounded."""
+    caller = {"X-Session-ID": "theirs", "X-Team": "a", "Authorization": "Bearer sk-1", "x-api-key": "k", "Cookie": "c",
+              "Content-Length": "9", "Host": "h", "X-Stainless-Retry-Count": "0", "X-Auth-Token": "t"}
+    assert forwardable_headers(caller) == {"X-Session-ID": "theirs", "X-Team": "a"}
+    backend = Backend("hosted_vllm/m", api_base="http://127.0.0.1:1/v1")
+    assert routing_headers(backend, "k" * 32, caller)["X-Session-ID"] == "theirs"
+    assert routing_headers(backend, "k" * 32, {}) == {"X-Session-ID": "k" * 32}
+    many = {f"X-H{i}": "v" * 100 for i in range(500)}
+    assert len(forwardable_headers(many)) <= 32
+
+
+def test_rendezvous_moves_only_the_conversations_of_a_replica_that_leaves():
+    """Removing one of four replicas moves exactly the conversations it served; the rest keep theirs, and when it
+    comes back exactly those return."""
+    replicas = [f"http://10.0.0.{i}:8000/v1" for i in range(4)]
+    keys = [uuid.uuid4().hex for _ in range(2000)]
+    before = {k: choose(k, replicas) for k in keys}
+    after = {k: choose(k, replicas, down={replicas[2]}) for k in keys}
+    moved = {k for k in keys if before[k] != after[k]}
+    assert moved == {k for k in keys if before[k] == replicas[2]}
+    assert all(after[k] == ranked(k, replicas)[1] for k in moved)
+    assert {k: choose(k, replicas) for k in keys} == before
+    assert choose(keys[0], replicas, tried=set(replicas)) is None
+
+
+def test_homes_spread_thirty_conversations_evenly_over_three_replicas():
+    """Bounded-load homes put 30 conversations 10/10/10 on three replicas (hashing alone is often past 1.5)."""
+    replicas = ["http://a/v1", "http://b/v1", "http://c/v1"]
+    store = InProcessStore()
+    homes = [store.home_replica("pool", k, ranked(k, replicas), (), slack=1.0, idle_s=600)
+             for k in (uuid.uuid4().hex for _ in range(30))]
+    counts = [homes.count(r) for r in replicas]
+    assert max(counts) / min(counts) <= 1.5 and sum(counts) == 30
+    assert new_home(["a", "b"], {"a"}, ["b"] * 5, 1.0) == "b"  # a down replica takes no new home
+
+
+def test_a_home_is_kept_while_active_and_forgotten_when_idle():
+    """A conversation keeps its home across requests (even while it is down: it comes back to it), and loses it once
+    idle past ``idle_s``."""
+    clock = FakeClock()
+    store = InProcessStore(clock=clock)
+    order = ("http://a/v1", "http://b/v1")
+    assert store.home_replica("p", "c1", order, (), slack=1.0, idle_s=60) == "http://a/v1"
+    assert store.home_replica("p", "c1", order, {"http://a/v1"}, slack=1.0, idle_s=60) == "http://a/v1"
+    assert store.home_replica("p", "c2", order, (), slack=1.0, idle_s=60) == "http://b/v1"
+    clock.advance(61)
+    assert store.home_replica("p", "c2", order[::-1][::-1], (), slack=1.0, idle_s=60) == "http://a/v1"
+
+
+def test_ejections_expire_and_are_read_from_the_store():
+    """A mark holds for its cool-off and ends; another process's mark (the store's) is seen within ``refresh_s``."""
+    clock = FakeClock()
+    store = InProcessStore(clock=clock)
+    mine, theirs = Ejections(store, clock=clock), Ejections(store, refresh_s=1.0, clock=clock)
+    assert theirs.down(["u1", "u2"]) == frozenset()
+    mine.mark("u1", 10)
+    assert mine.down(["u1", "u2"]) == {"u1"}
+    assert theirs.down(["u1", "u2"]) == frozenset()  # its cached read is fresh
+    clock.advance(1.5)
+    assert theirs.down(["u1", "u2"]) == {"u1"}
+    clock.advance(10)
+    assert mine.down(["u1", "u2"]) == frozenset() and theirs.down(["u1", "u2"]) == frozenset()
+
+
+def test_affinity_miss_needs_a_real_prefix_and_a_real_shortfall():
+    """A miss is cached under half of an expected prefix of at least 256 tokens; unknowns are never misses."""
+    assert affinity_missed(4000, 100) and not affinity_missed(4000, 3900)
+    assert not affinity_missed(200, 0) and not affinity_missed(None, 0) and not affinity_missed(4000, None)
+
+
+def test_a_backend_pool_is_checked_before_anything_is_sent():
+    """A pool lists http(s) URLs, each once; affinity headers are header names."""
+    from agentkv.errors import ConfigurationError
+
+    pool = Backend("hosted_vllm/m", api_base=["http://a/v1", "http://b/v1"])
+    assert pool.is_pool and pool.api_base == "http://a/v1" and pool.replica("http://b/v1").api_base == "http://b/v1"
+    assert Backend("hosted_vllm/m", api_base=["http://a/v1"]).is_pool is False
+    for bad in (["http://a/v1", "ftp://b"], ["http://a/v1", "http://a/v1/"]):
+        with pytest.raises(ConfigurationError, match="api_base"):
+            Backend("hosted_vllm/m", api_base=bad)
+    with pytest.raises(ConfigurationError, match="affinity_headers"):
+        Backend("hosted_vllm/m", affinity_headers=("X Session",))
+    with pytest.raises(ConfigurationError, match="affinity_headers"):
+        Backend("hosted_vllm/m", affinity_headers="X-Session-ID")
+
+
+# ----------------------------------------------------------------------------- against embedded replicas
+
+@pytest.fixture(scope="module")
+def replicas():
+    """Three embedded replicas of one slow model (16384 tokens), logging their requests and headers."""
+    from agentkv.embedded.server import LocalServer
+
+    started = [LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1, request_log=10_000).start()
+               for _ in range(3)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def tier(servers, replicas):
+    fast_server = servers[0]
+    fast_server.max_model_len = 2048
+    for server in (fast_server, *replicas):
+        server.clear_requests()
+    fast = Backend(f"hosted_vllm/{fast_server.model_id}", api_base=fast_server.api_base, name="fast")
+    slow = Backend("hosted_vllm/slow-tiny", api_base=[r.api_base for r in replicas], name="slow")
+    return {"fast": fast, "slow": slow, "fast_server": fast_server, "replicas": replicas}
+
+
+def session(tier, **kwargs):
+    kwargs.setdefault("session_id", f"c-{uuid.uuid4()}")
+    return Session(tier["fast"], tier["slow"], discovery=WindowDiscovery(), state=kwargs.pop("state", InProcessStore()),
+                   **kwargs)
+
+
+def chats(server):
+    return [r for r in server.requests if r.path == "/v1/chat/completions"]
+
+
+def run_to_slow(s, history, extra_turns=1, **kwargs):
+    """Drive turns until the conversation has escalated and had ``extra_turns`` more slow turns."""
+    slow_turns = 0
+    for msgs in history:
+        s.completion(messages=msgs, tools=TOOLS8, max_tokens=2, **kwargs)
+        s.drain_warms(30)
+        if s.last_route.role == "slow":
+            slow_turns += 1
+            if slow_turns > extra_turns:
+                return
+    raise AssertionError("the conversation never escalated")
+
+
+def test_every_request_of_a_conversation_carries_its_key_and_lands_on_one_replica(tier):
+    """The warm, the escalation and the later slow turns all reach one replica, each with the conversation's key in
+    X-Session-ID (never the session id or the tenant); fast's turns carry it too; the escalation reads the warm."""
+    with session(tier, tenant="acme", cache_salt_secret="k", session_id="plain-session-name") as s:
+        run_to_slow(s, grow(14))
+    used = [r for r in tier["replicas"] if chats(r)]
+    assert len(used) == 1
+    sent = chats(used[0])
+    assert sent[0].body["max_tokens"] == 1 and len(sent) >= 3  # the warm, then the slow turns
+    assert {r.headers.get(KEY_HEADER) for r in sent + chats(tier["fast_server"])} == {s.routing_key}
+    assert "plain-session-name" not in s.routing_key and "acme" not in s.routing_key
+    escalated = next(e for e in s.ledger if e.backend == "slow")
+    warmed = next(e for e in s.ledger if e.warm == "fire").input_tokens
+    assert escalated.cached_tokens >= 0.9 * warmed
+    assert s.stats()["replica_requests"] == {used[0].api_base: s.stats()["requests"]["slow"]}
+    assert s.stats()["affinity_misses"] == 0
+
+
+def test_a_callers_routing_headers_ride_on_its_warm_without_credentials(tier):
+    """A caller's extra_headers reach its own turns and its warm (their session header wins over the key), and its
+    Authorization does not reach the warm."""
+    headers = {"X-Session-ID": "caller-7", "X-Team": "search", "Authorization": "Bearer sk-caller"}
+    with session(tier) as s:
+        run_to_slow(s, grow(12), extra_turns=0, extra_headers=headers)
+    warm = next(r for rep in tier["replicas"] for r in chats(rep) if r.body["max_tokens"] == 1)
+    assert warm.headers.get(KEY_HEADER) == "caller-7" and warm.headers.get("x-team") == "search"
+    assert "authorization" not in warm.headers
+    assert {r.headers.get(KEY_HEADER) for r in chats(tier["fast_server"])} == {"caller-7"}
+
+
+def test_a_killed_replica_loses_no_turn_and_its_conversation_is_warmed_again(tier):
+    """The replica holding a conversation's warm dies before its escalation: a health check ejects it, the next turn
+    warms the conversation's next replica, and the escalation reads that warm; no turn is lost."""
+    from agentkv.embedded.server import LocalServer
+
+    extra = LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1, request_log=10_000).start()
+    pool = [r.api_base for r in tier["replicas"][:2]] + [extra.api_base]
+    slow = Backend("hosted_vllm/slow-tiny", api_base=pool, name="slow")
+    history = grow(14)
+    try:
+        sid = next(f"c{i}" for i in range(1000)  # a conversation whose first choice is the disposable replica
+                   if ranked(Session(tier["fast"], slow, session_id=f"c{i}").routing_key, pool)[0] == extra.api_base)
+        with Session(tier["fast"], slow, discovery=WindowDiscovery(), state=InProcessStore(), session_id=sid) as s:
+            turn = 0
+            while s.stats()["warm_fired"] == 0:
+                s.completion(messages=history[turn], tools=TOOLS8, max_tokens=2)
+                s.drain_warms(30)
+                turn += 1
+            assert s.last_facts.homes["slow"] == extra.api_base and chats(extra)
+            extra.stop()
+            with capture_events() as events:
+                for msgs in history[turn:]:
+                    assert s.completion(messages=msgs, tools=TOOLS8, max_tokens=2).choices
+                    s.drain_warms(30)
+                    if s.last_route.role == "slow":
+                        break
+            assert s.stats()["warm_fired"] == 2, [e["event"] for e in events]
+            assert any(e["event"] == "replica_ejected" for e in events)
+            escalated = s.ledger[-1]
+            second_warm = [e for e in s.ledger if e.warm == "fire"][-1].input_tokens
+            assert escalated.backend == "slow" and escalated.cached_tokens >= 0.9 * second_warm
+    finally:
+        extra.stop()
+
+
+def test_an_outage_on_a_replica_moves_the_turn_to_the_next_one_without_retrying_it(tier):
+    """A slow turn whose replica is down goes to the conversation's next replica at once (no retry sleep on the dead
+    one, no failover to fast), and the replica is ejected for the others."""
+    from agentkv.embedded.server import LocalServer
+
+    extra = LocalServer.from_size("tiny", window=16384, model_id="slow-tiny", seed=1, request_log=10_000).start()
+    slept = []
+    pool = [extra.api_base, *[r.api_base for r in tier["replicas"][:2]]]
+    slow = Backend("hosted_vllm/slow-tiny", api_base=pool, name="slow")
+    store = InProcessStore()
+    try:
+        for attempt in range(40):  # find a conversation whose home is the disposable replica
+            s = Session(tier["fast"], slow, discovery=WindowDiscovery(), state=store, session_id=f"c{attempt}",
+                        retry=RetryPolicy(sleep=slept.append), warm_ahead=__import__("agentkv").WarmAheadPolicy(
+                            threshold=0.99))
+            s.completion(messages=grow(1)[0], max_tokens=2)
+            if s.last_facts.homes["slow"] == extra.api_base:
+                break
+            s.close()
+        extra.stop()
+        answer = s.completion(messages=grow(14)[14], tools=TOOLS8, max_tokens=2)
+        assert answer.choices and s.last_route.role == "slow" and slept == []
+        assert s.stats()["replica_failovers"] == 1 and s.stats()["failovers"] == 0
+        assert extra.api_base in s.ejections.down(pool)
+        s.close()
+    finally:
+        extra.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_async_path_routes_and_keys_alike(tier):
+    """acompletion addresses the same replica with the same key as completion would."""
+    async with session(tier) as s:
+        history = grow(14)
+        for msgs in history:
+            await s.acompletion(messages=msgs, tools=TOOLS8, max_tokens=2)
+            await s.adrain_warms(30)
+            if s.last_route.role == "slow":
+                break
+    used = [r for r in tier["replicas"] if chats(r)]
+    assert len(used) == 1 and {r.headers.get(KEY_HEADER) for r in chats(used[0])} == {s.routing_key}
