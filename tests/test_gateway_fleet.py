@@ -140,3 +140,46 @@ def test_two_workers_serve_one_port_as_one_gateway(fresh, tmp_path, redis_url, t
         answer, fired = run_alternating([gateway], key, fresh)
     assert total == sent and fired == 1 and len(warms(fresh["slow"])) == 1
     assert answer.headers["x-agentkv-backend"] == "slow"
+
+
+def test_two_gateways_on_one_redis_keep_a_conversation_on_one_replica_and_survive_its_death(fresh, tmp_path, redis_url,
+                                                                                            tenant_keys):
+    """``--slow A,B,C``: two gateway processes on one Redis send a conversation's warm and escalation to one replica
+    with one routing key (never the conversation's id); that replica killed, the conversation's turns are still
+    answered, by its next replica, warmed again before the escalation."""
+    from agentkv.embedded.server import LocalServer
+
+    pool = [LocalServer.from_size("tiny", window=16384, model_id=fresh["slow"].model_id, seed=1,
+                                  request_log=10_000).start() for _ in range(3)]
+    slow = ",".join(server.api_base for server in pool)
+    key, keys = tenant_keys
+    try:
+        with CliGateway(fresh, tmp_path, "--api-keys", keys, "--redis-url", redis_url, "--slow", slow) as a, \
+                CliGateway(fresh, tmp_path, "--api-keys", keys, "--redis-url", redis_url, "--slow", slow) as b:
+            turns, sent = conversation(), 0
+            for messages in turns:  # up to the first warm
+                answer = (a, b)[sent % 2].chat(key, messages=messages, tools=TOOLS8, max_tokens=8)
+                sent += 1
+                assert answer.status_code == 200 and answer.headers["x-agentkv-backend"] == "fast"
+                if sum(metric(g.root, "agentkv_warms_total", outcome="fire") for g in (a, b)):
+                    break
+            wait_for(lambda: any(warms(s) for s in pool), "the warm to reach a replica")
+            home = next(s for s in pool if warms(s))
+            keys_seen = {r.headers.get("x-session-id") for r in home.requests if r.path == "/v1/chat/completions"}
+            assert len(keys_seen) == 1 and len(next(iter(keys_seen))) == 32
+            home.stop()
+            for messages in turns:
+                answer = (a, b)[sent % 2].chat(key, messages=messages, tools=TOOLS8, max_tokens=8)
+                sent += 1
+                assert answer.status_code == 200, answer.text
+                if answer.headers["x-agentkv-backend"] == "slow":
+                    break
+            others = [s for s in pool if s is not home]
+            assert sum(len(warms(s)) for s in others) == 1  # warmed again, once, on the next replica
+            assert answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            assert {r.headers.get("x-session-id") for s in others for r in s.requests
+                    if r.path == "/v1/chat/completions"} == keys_seen
+    finally:
+        for server in pool:
+            server.stop()
+
