@@ -253,9 +253,22 @@ class _HttpxAnswer:
         await self._response.aclose()
 
     def close(self) -> None:
-        """:meth:`aclose` for callers that cannot wait: run as a task on the running loop (kept until it is done)."""
-        if self._closing is None and not self._response.is_closed:
-            self._closing = asyncio.get_running_loop().create_task(self._response.aclose())
+        """:meth:`aclose` for callers that cannot wait: run as a task on the running loop (kept until it is done; its
+        failure is retrieved, never logged as unhandled). Without a running loop nothing can be awaited: the stream is
+        left to its response's own cleanup."""
+        if self._closing is not None or self._response.is_closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._closing = loop.create_task(self._response.aclose())
+        self._closing.add_done_callback(_retrieved)
+
+
+def _retrieved(task: "asyncio.Task[Any]") -> None:
+    if not task.cancelled():
+        task.exception()  # a close that failed has nothing left to clean up
 
 
 class _Capped:

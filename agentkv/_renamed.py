@@ -15,7 +15,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Sequence
 
 __all__ = ["RENAMED", "install"]
@@ -57,10 +57,30 @@ class _Renamed(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         moved = new_name(spec.name)
         assert moved is not None
         warnings.warn(f"{spec.name} is {moved} now; import it by its new name", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(moved)
+        module = importlib.import_module(moved)
+        spec.loader_state = module.__spec__  # the import system sets the old spec on it next: put it back then
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        """Nothing to run: the module is the new one, already imported."""
+        """Nothing to run: the module is the new one, already imported (its own ``__spec__`` restored)."""
+        spec = module.__spec__
+        if spec is not None and isinstance(spec.loader_state, importlib.machinery.ModuleSpec):
+            module.__spec__ = spec.loader_state
+
+    def is_package(self, fullname: str) -> bool:
+        """Whether the new module is a package (``python -m`` runs an old package's ``__main__``)."""
+        moved = new_name(fullname)
+        found = importlib.util.find_spec(moved) if moved is not None else None
+        return found is not None and found.submodule_search_locations is not None
+
+    def get_code(self, fullname: str) -> CodeType | None:
+        """The new module's code, for ``python -m`` with an old name (runpy runs it as ``__main__``)."""
+        moved = new_name(fullname)
+        found = importlib.util.find_spec(moved) if moved is not None else None
+        if found is None or found.loader is None or not hasattr(found.loader, "get_code"):
+            return None
+        warnings.warn(f"{fullname} is {moved} now; run it by its new name", DeprecationWarning, stacklevel=2)
+        return found.loader.get_code(moved)  # type: ignore[no-any-return]
 
 
 def install() -> None:

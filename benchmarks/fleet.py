@@ -7,8 +7,8 @@ The same growing tool-using conversations (warmed at 60% of fast's 2048-token wi
 - warm read: the share of the warm's cacheable tokens (whole 128-token blocks) the escalation found cached, mean and
   the worst conversation's;
 - fast hits: from a conversation's second fast turn on, the share of its previous fast prompt found cached;
-- escalation TTFT ÷ cold: the escalated turn's time (non-streamed, 2 tokens) over a cold turn of the same size on the
-  same tier (a conversation never warmed: another tenant's salt);
+- escalation TTFT ÷ cold: the escalated turn's time (non-streamed, 2 tokens) over a cold turn of the same size through
+  the same tier (a conversation never warmed: another tenant's salt), medians;
 - requests per replica, max ÷ min, slow tier (and fast tier).
 
 The modes: ``plain`` (a round-robin balancer written here: what a Kubernetes Service does), the vLLM router with
@@ -67,14 +67,16 @@ def requests_served(roots: list[str]) -> list[int]:
 
 
 class RoundRobin:
-    """A plain round-robin HTTP balancer (a Kubernetes Service's behaviour), on a thread: each POST to the next."""
+    """A plain round-robin HTTP balancer (a Kubernetes Service's behaviour), on a thread: each request of a path to the
+    next replica."""
 
     def __init__(self, roots: list[str]) -> None:
         import uvicorn
 
-        self.roots, self._next = roots, itertools.cycle(roots)
+        self.roots, self._cycles = roots, {}  # path -> its own rotation (a /tokenize never pairs with a chat)
         self.port = _free_port()
-        self._server = uvicorn.Server(uvicorn.Config(self._app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(self._app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    interface="asgi3"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     async def _app(self, scope, receive, send):  # type: ignore[no-untyped-def]
@@ -86,7 +88,7 @@ class RoundRobin:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        root = self.roots[0] if scope["method"] == "GET" else next(self._next)
+        root = next(self._cycles.setdefault(scope["path"], itertools.cycle(self.roots)))
         headers = {k.decode(): v.decode() for k, v in scope["headers"] if k.decode() not in ("host", "content-length")}
         async with httpx.AsyncClient(timeout=600) as client:
             answer = await client.request(scope["method"], root + scope["path"], content=body, headers=headers)
@@ -163,8 +165,7 @@ def run_mode(mode: str, fast_tier: str | list[str], slow_tier: str | list[str], 
     slow_counts = [a - b for a, b in zip(after_slow, before_slow)]
     fast_counts = [a - b for a, b in zip(after_fast, before_fast)]
     tokens = int(statistics.median(r["escalation_tokens"] for r in results))
-    cold = statistics.median(cold_turn_s(fast, Backend("hosted_vllm/slow", api_base=slow_roots[0] + "/v1",
-                                                        name="slow"), tokens) for _ in range(3))
+    cold = statistics.median(cold_turn_s(fast, slow, tokens) for _ in range(5))  # the same tier, never warmed
     return {"mode": mode, "warm_read": [r["warm_read"] for r in results],
             "fast_hits": [h for r in results for h in r["fast_hits"]],
             "ttft_ratio": statistics.median(r["escalation_s"] for r in results) / cold,
@@ -182,7 +183,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=9)
     parser.add_argument("--modes", default="plain,round_robin,consistent_hash,cache_aware,pool")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     from agentkv.vllm_launch import VLLMRouter, VLLMServer, ensure_models, ensure_router, ensure_venv, start_all
 
     python, models, router = ensure_venv(), ensure_models(), ensure_router()

@@ -73,16 +73,16 @@ class CountingHttp:
     def get_json(self, url: str, *, timeout_s: float) -> Any:
         return self.http.get_json(url, timeout_s=timeout_s)
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Any = None) -> Any:
         self.tokenize += url.endswith("/tokenize")
-        return self.http.post_json(url, body, timeout_s=timeout_s)
+        return self.http.post_json(url, body, timeout_s=timeout_s, headers=headers)
 
     async def aget_json(self, url: str, *, timeout_s: float) -> Any:
         return await self.http.aget_json(url, timeout_s=timeout_s)
 
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float) -> Any:
+    async def apost_json(self, url: str, body: Any, *, timeout_s: float, headers: Any = None) -> Any:
         self.tokenize += url.endswith("/tokenize")
-        return await self.http.apost_json(url, body, timeout_s=timeout_s)
+        return await self.http.apost_json(url, body, timeout_s=timeout_s, headers=headers)
 
 
 def conversations(count: int, turns: int, rows: int) -> list[list[list[dict[str, Any]]]]:
@@ -203,6 +203,28 @@ def main() -> None:
                   f"{statistics.quantiles(own, n=10)[-1] * 1000:5.2f})   Session - bare {paired * 1000:+6.2f} ms   "
                   f"bare median {statistics.median(bare) * 1000:6.1f} ms   /tokenize per 100 turns "
                   f"{100 * tokenize / turns:5.1f}   with an instant client {alone * 1000:5.2f} ms")
+        replica_choice(api_base, litellm, convos, tools)
+
+
+def replica_choice(api_base: str, litellm: Any, convos: list[list[list[dict[str, Any]]]],
+                   tools: list[dict[str, Any]], rounds: int = 5) -> None:
+    """What choosing a pool's replica adds per request: the Session around an instant client, one server against a
+    pool of three (its home from the in-process store, the ejections read), alternating, the window declared so
+    that neither asks a server anything."""
+    from agentkv.state import InProcessStore
+
+    common = dict(name="fast", window=6144, tokenizer="cl100k_base", chat_template=CHATML_TOOLS_TEMPLATE)
+    one = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, **common)  # type: ignore[arg-type]
+    pool = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, replicas=(api_base, "http://127.0.0.1:9/v1",
+                   "http://127.0.0.1:10/v1"), **common)  # type: ignore[arg-type]
+    times: dict[str, list[float]] = {"one server": [], "pool of 3": []}
+    for _ in range(rounds):
+        for name, backend in (("one server", one), ("pool of 3", pool)):
+            times[name] += session_only(lambda c, h, b=backend: Session(b, client=c, http=h, state=InProcessStore()),
+                                        litellm, convos, tools)
+    single, pooled = (statistics.median(t) for t in times.values())
+    print(f"choosing a replica: {(pooled - single) * 1000:+.3f} ms/request (one server {single * 1000:.3f} ms, "
+          f"pool of 3 {pooled * 1000:.3f} ms, medians with an instant client over {len(times['pool of 3'])} requests)")
 
 
 if __name__ == "__main__":

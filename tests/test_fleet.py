@@ -284,3 +284,87 @@ async def test_the_async_path_routes_and_keys_alike(tier):
                 break
     used = [r for r in tier["replicas"] if chats(r)]
     assert len(used) == 1 and {r.headers.get(KEY_HEADER) for r in chats(used[0])} == {s.routing_key}
+
+
+# ----------------------------------------------------------------------------- shared through a real Redis
+
+def test_redis_shares_homes_and_ejections_between_processes(redis_url):
+    """Two RedisStores (two processes' views) on one Redis: a conversation gets one home from both, thirty spread
+    10/10/10, a replica marked down by one is down for the other, and the mark ends with its cool-off."""
+    import time
+
+    from agentkv.state import RedisStore
+
+    namespace = f"fleet-{uuid.uuid4()}"
+    one, two = (RedisStore.from_url(redis_url, namespace=namespace, timeout_s=1.0) for _ in range(2))
+    replicas = ("http://a/v1", "http://b/v1", "http://c/v1")
+    keys = [uuid.uuid4().hex for _ in range(30)]
+    homes = [one.home_replica("pool", k, ranked(k, replicas), (), slack=1.0, idle_s=60) for k in keys]
+    assert [two.home_replica("pool", k, ranked(k, replicas)[::-1], (), slack=1.0, idle_s=60) for k in keys] == homes
+    assert sorted(homes.count(r) for r in replicas) == [10, 10, 10]
+    fresh = uuid.uuid4().hex
+    assert two.home_replica("pool", fresh, ranked(fresh, replicas), {"http://a/v1", "http://b/v1"}, slack=1.0,
+                            idle_s=60) == "http://c/v1"
+    one.mark_down("http://b/v1", 0.3)
+    assert two.read_down(list(replicas)) == {"http://b/v1"}
+    time.sleep(0.4)
+    assert two.read_down(list(replicas)) == frozenset()
+
+
+async def test_redis_homes_and_ejections_async(redis_url):
+    """The async twins answer as the sync calls do."""
+    from agentkv.state import RedisStore
+
+    store = RedisStore.from_url(redis_url, namespace=f"fleet-{uuid.uuid4()}", timeout_s=1.0)
+    order = ("http://a/v1", "http://b/v1")
+    assert await store.ahome_replica("p", "c1", order, (), slack=1.0, idle_s=60) == "http://a/v1"
+    assert store.home_replica("p", "c1", order, (), slack=1.0, idle_s=60) == "http://a/v1"
+    await store.amark_down("http://a/v1", 5)
+    assert await store.aread_down(list(order)) == {"http://a/v1"}
+
+
+def test_the_openai_transport_keys_its_tries_and_forwards_the_clients_headers_to_the_warm(tier):
+    """Through the OpenAI SDK's transport: the slow pool's replica gets the warm and the escalation, each try carries
+    the key, and the client's own X-Session-ID and X-Team (not its api key) ride on the warm."""
+    import httpx
+    import openai
+
+    from agentkv.integrations.openai import AgentKVTransport
+
+    with session(tier) as s:
+        client = openai.OpenAI(base_url=tier["fast_server"].api_base, api_key="sk-client", max_retries=0,
+                               default_headers={"X-Team": "search"},
+                               http_client=httpx.Client(transport=AgentKVTransport(s)))
+        for msgs in grow(14, seed=3):
+            client.chat.completions.create(model="fast-tiny", messages=msgs, tools=TOOLS8, max_tokens=2)
+            s.drain_warms(30)
+            if s.last_route.role == "slow":
+                break
+    used = [r for r in tier["replicas"] if chats(r)]
+    assert len(used) == 1
+    warm, escalation = chats(used[0])[:2]
+    assert warm.body["max_tokens"] == 1 and warm.headers.get("x-team") == "search"
+    assert "authorization" not in warm.headers and escalation.headers.get("authorization") == "Bearer sk-client"
+    assert {r.headers.get(KEY_HEADER) for r in chats(used[0])} == {s.routing_key}
+
+
+def test_chat_agentkv_sends_the_key_through_real_chatopenai_models(tier):
+    """ChatAgentKV over real ChatOpenAI models: each try carries the conversation's key in X-Session-ID, fast's and
+    slow's alike (slow here is one replica of the pool, as ChatOpenAI addresses one URL)."""
+    from langchain_core.messages import convert_to_messages
+    from langchain_openai import ChatOpenAI
+
+    from agentkv.integrations.langchain import ChatAgentKV
+
+    replica = tier["replicas"][0]
+    slow = Backend("hosted_vllm/slow-tiny", api_base=replica.api_base, name="slow")
+    with Session(tier["fast"], slow, discovery=WindowDiscovery(), state=InProcessStore()) as s:
+        fast_model = ChatOpenAI(model=tier["fast_server"].model_id, base_url=tier["fast_server"].api_base, api_key="-",
+                                max_tokens=2)
+        slow_model = ChatOpenAI(model="slow-tiny", base_url=replica.api_base, api_key="-", max_tokens=2)
+        router = ChatAgentKV(fast_model, slow_model, s).bind_tools(TOOLS8)
+        router.invoke(convert_to_messages(grow(1, seed=5)[1]))
+        router.invoke(convert_to_messages(grow(14, seed=5)[14]))
+        assert router.last_role == "slow"
+    sent = chats(tier["fast_server"]) + [r for r in chats(replica) if r.body.get("max_tokens") != 1]
+    assert len(sent) >= 2 and {r.headers.get(KEY_HEADER) for r in sent} == {s.routing_key}

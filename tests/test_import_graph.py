@@ -187,3 +187,23 @@ def test_the_old_module_names_import_the_new_modules_with_a_warning():
     assert out.strip().splitlines()[-1] == ("[True, True, True, True] True True ['agentkv.handoff.config', "
                                             "'agentkv.ledger', 'agentkv.local', 'agentkv.local.server', 'agentkv.vllm', "
                                             "'agentkv.vllm.params', 'agentkv.warm.guards']")
+
+
+def test_an_old_name_keeps_the_new_modules_spec_and_runs_with_python_m():
+    """Importing an old name leaves the new module's ``__spec__`` its own (importlib would set the old one on it), and
+    ``python -m`` with an old module name runs the new module's code, with the warning."""
+    code = textwrap.dedent('''
+        import importlib, warnings
+        warnings.simplefilter("ignore")
+        import agentkv.embedded
+        old = importlib.import_module("agentkv.local")
+        print(old is agentkv.embedded, agentkv.embedded.__spec__.name, importlib.util.find_spec("agentkv.embedded").name)
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["True", "agentkv.embedded", "agentkv.embedded"]
+    script = "import sys, runpy; sys.argv = ['x', '--help']; runpy.run_module('agentkv.handoff.cli', run_name='x')"
+    ran = subprocess.run([sys.executable, "-W", "always", "-c", script], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    moved = subprocess.run([sys.executable, "-W", "always", "-m", "agentkv.handoff.cli"], capture_output=True,
+                           text=True, timeout=120)
+    assert moved.returncode == 0 and "agentkv.handoff.offline.cli now" in moved.stderr, moved.stderr[-2000:]

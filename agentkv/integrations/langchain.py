@@ -49,7 +49,7 @@ from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
 from agentkv._session import Attempt, Observation
-from agentkv.wire.openai import OBSERVED_KEYS
+from agentkv.wire.openai import OBSERVED_KEYS, routing_headers_of
 
 _SALT_WARNED: LRUCache[str, bool] = LRUCache(maxsize=4096)  # Sessions already warned about a missing salt
 _SALT_LOCK = threading.Lock()
@@ -302,7 +302,8 @@ class ChatAgentKV(BaseChatModel):
         return chat_request(messages, params)
 
     def _call(self, attempt: Attempt, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """The model this try goes to and its kwargs: bound ones, the clamped budget, the tenant's salt."""
+        """The model this try goes to and its kwargs: bound ones, the clamped budget, the tenant's salt, a handoff's
+        import and the conversation's routing key (the last three for OpenAI-compatible models only)."""
         self.last_role = attempt.decision.role
         model, bound = _unwrapped(self.slow_model if attempt.decision.role == "slow" else self.fast_model)
         call = {**bound, **kwargs}
@@ -310,9 +311,20 @@ class ChatAgentKV(BaseChatModel):
             call["max_tokens"] = attempt.decision.max_tokens
             if getattr(model, "max_tokens", None) is not None:
                 call["max_completion_tokens"] = attempt.decision.max_tokens
+        if not hasattr(model, "extra_body"):  # not an OpenAI-compatible chat model: nothing of vLLM's goes along
+            return model, call
+        extra = {**(model.extra_body or {}), **(call.get("extra_body") or {})}
+        named = (attempt.kwargs.get("extra_body") or {}).get("kv_transfer_params")
+        if attempt.handoff_export is not None and named is not None:  # a vLLM handoff's import, named by this try
+            extra["kv_transfer_params"] = named
         salt = attempt.cache_salt  # the tenant's, or a handoff's import salt
-        if salt is not None and attempt.backend.api_base and hasattr(model, "extra_body"):
-            call["extra_body"] = {**(model.extra_body or {}), **(call.get("extra_body") or {}), "cache_salt": salt}
+        if salt is not None and attempt.backend.api_base:
+            extra["cache_salt"] = salt
+        if extra:
+            call["extra_body"] = extra
+        headers = routing_headers_of(attempt)  # the conversation's routing key (a header the caller set wins)
+        if headers:
+            call["extra_headers"] = {**headers, **(call.get("extra_headers") or {})}
         return model, call
 
     # ------------------------------------------------------------- the four drivers, on the Session's one loop
