@@ -68,27 +68,42 @@ class Backend:
     tokenizer: Any = None
     chat_template: str | None = None
     completion_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    kv_events: str | None = None  # the server's KV-events PUB endpoint, for agentkv.cache_ledger (e.g. tcp://host:5557)
-    kv_events_replay: str | None = None  # its replay endpoint (vLLM's replay_endpoint), to repair gaps
+    # the server's KV-events PUB endpoint, for agentkv.cache_ledger (e.g. tcp://host:5557); a pool's: one per replica,
+    # in the replicas' order
+    kv_events: str | tuple[str, ...] | None = None
+    kv_events_replay: str | tuple[str, ...] | None = None  # its replay endpoint (vLLM's replay_endpoint), to repair gaps
     affinity_headers: tuple[str, ...] = ("X-Session-ID",)  # where the conversation's routing key goes (() for none)
     affinity_user: bool = False  # also send the routing key as the body's ``user`` (when the caller set none)
     replicas: tuple[str, ...] = ()  # a pool's URLs (``api_base=[...]`` sets it); () for one server
+    member_of: str | None = field(default=None, repr=False)  # the pool's label, on a replica made by ``replica()``
 
     def __post_init__(self) -> None:
         self._pool_from_api_base()
+        self._check_kv_events()
         names = self.affinity_headers
         if isinstance(names, str) or not all(isinstance(n, str) and _HEADER_NAME.match(n) for n in names):
             raise ConfigurationError(f"Backend.affinity_headers must be a tuple of HTTP header names, got {names!r}")
         object.__setattr__(self, "affinity_headers", tuple(names))
-        for value in (self.kv_events, self.kv_events_replay):
-            if value is not None and not str(value).startswith(("tcp://", "ipc://", "inproc://")):
-                raise ConfigurationError(f"Backend KV-events endpoints must be ZMQ addresses, got {value!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigurationError(f"Backend.model must be a non-empty litellm model string, got {self.model!r}")
         if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
             raise ConfigurationError(f"Backend.window must be a positive int, got {self.window!r}")
         if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
             raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {self.api_base!r}")
+
+    def _check_kv_events(self) -> None:
+        """ZMQ addresses; a pool's may be a list, one per replica (a tuple is kept)."""
+        for name in ("kv_events", "kv_events_replay"):
+            value: Any = getattr(self, name)
+            listed = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else None
+            if listed is not None:
+                if len(listed) != len(self.replicas):
+                    raise ConfigurationError(f"Backend.{name} as a list names one endpoint per replica: "
+                                             f"{len(listed)} for {len(self.replicas)} replicas")
+                object.__setattr__(self, name, listed)
+            for endpoint in listed if listed is not None else (() if value is None else (value,)):
+                if not str(endpoint).startswith(("tcp://", "ipc://", "inproc://")):
+                    raise ConfigurationError(f"Backend KV-events endpoints must be ZMQ addresses, got {endpoint!r}")
 
     def _pool_from_api_base(self) -> None:
         """``api_base=[url, …]`` is a pool: ``replicas`` holds the URLs and ``api_base`` the first (what the
@@ -130,10 +145,20 @@ class Backend:
         return len(self.replicas) > 1
 
     def replica(self, url: str) -> "Backend":
-        """This backend addressed to one of its replicas (the same label, model and settings)."""
+        """This backend addressed to one of its replicas (the same label, model and settings; its own KV-events
+        endpoints when the pool lists one per replica)."""
         if url not in self.replicas:
             raise ValueError(f"{redact_url(url)!r} is not a replica of {self.label!r}")
-        return replace(self, api_base=url, replicas=(), name=self.label)
+        at = self.replicas.index(url)
+        events, replay = (value[at] if isinstance(value, tuple) else value
+                          for value in (self.kv_events, self.kv_events_replay))
+        return replace(self, api_base=url, replicas=(), name=self.label, member_of=self.label, kv_events=events,
+                       kv_events_replay=replay)
+
+    @property
+    def replica_name(self) -> str:
+        """What a cache ledger calls this server: the label, and a pool replica's URL after it."""
+        return f"{self.label} {redact_url(self.api_base or '')}" if self.member_of else self.label
 
     @property
     def served_model(self) -> str:

@@ -2,7 +2,9 @@
 real vLLM 0.32 CPU replicas of the fast and the slow model.
 
 The same growing tool-using conversations (warmed at 60% of fast's 2048-token window, escalated to slow at about
-1.8K tokens, then one more slow turn) run through a Session in each mode. Printed per mode, side by side:
+1.8K tokens, then one more slow turn) run through a Session in each mode, interleaved a turn at a time (as concurrent
+users' are: other conversations' requests pass through the tier between one conversation's warm and its escalation).
+Printed per mode, side by side:
 
 - warm read: the share of the warm's cacheable tokens (whole 128-token blocks) the escalation found cached, mean and
   the worst conversation's;
@@ -34,6 +36,7 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
+from typing import Generator
 
 import httpx
 import structlog
@@ -117,7 +120,9 @@ def _free_port() -> int:
     return free_port()
 
 
-def converse(fast: Backend, slow: Backend, seed: int, state: InProcessStore) -> dict:
+def conversation(fast: Backend, slow: Backend, seed: int, state: InProcessStore) -> Generator[None, None, dict]:
+    """One conversation, a turn per step (the caller interleaves conversations, as concurrent users do); its figures
+    are in the dict it returns when it ends."""
     s = Session(fast, slow, discovery=WindowDiscovery(), session_id=f"bench-{seed}-{uuid.uuid4()}", state=state)
     slow_turns, escalation_s = 0, None
     for msgs in grow(16, seed):
@@ -130,6 +135,7 @@ def converse(fast: Backend, slow: Backend, seed: int, state: InProcessStore) -> 
             slow_turns += 1
             if slow_turns > 1:
                 break
+        yield None
     ledger = list(s.ledger)
     s.close()
     warm = next(e for e in ledger if e.warm == "fire")
@@ -140,6 +146,20 @@ def converse(fast: Backend, slow: Backend, seed: int, state: InProcessStore) -> 
             for a, b in zip(fast_turns, fast_turns[1:])]
     return {"warm_read": min(escalated.cached_tokens or 0, cacheable) / cacheable, "fast_hits": hits,
             "escalation_s": escalation_s, "escalation_tokens": escalated.input_tokens}
+
+
+def interleaved(steps: list[Generator[None, None, dict]]) -> list[dict]:
+    """Run the conversations a turn each in turn until all have ended; their results in order."""
+    results: dict[int, dict] = {}
+    live = dict(enumerate(steps))  # index -> a conversation still running
+    while live:
+        for index, step in list(live.items()):
+            try:
+                next(step)
+            except StopIteration as ended:
+                results[index] = ended.value
+                del live[index]
+    return [results[i] for i in range(len(steps))]
 
 
 def cold_turn_s(fast: Backend, slow: Backend, tokens: int) -> float:
@@ -160,7 +180,7 @@ def run_mode(mode: str, fast_tier: str | list[str], slow_tier: str | list[str], 
     slow = Backend("hosted_vllm/slow", api_base=slow_tier, name="slow")
     before_fast, before_slow = requests_served(fast_roots), requests_served(slow_roots)
     state = InProcessStore()
-    results = [converse(fast, slow, seed, state) for seed in range(conversations)]
+    results = interleaved([conversation(fast, slow, seed, state) for seed in range(conversations)])
     after_fast, after_slow = requests_served(fast_roots), requests_served(slow_roots)
     slow_counts = [a - b for a, b in zip(after_slow, before_slow)]
     fast_counts = [a - b for a, b in zip(after_fast, before_fast)]

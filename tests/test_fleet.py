@@ -368,3 +368,72 @@ def test_chat_agentkv_sends_the_key_through_real_chatopenai_models(tier):
         assert router.last_role == "slow"
     sent = chats(tier["fast_server"]) + [r for r in chats(replica) if r.body.get("max_tokens") != 1]
     assert len(sent) >= 2 and {r.headers.get(KEY_HEADER) for r in sent} == {s.routing_key}
+
+
+# ----------------------------------------------------------------------------- a cache ledger over a pool
+
+@pytest.fixture(scope="module")
+def evented_pool(servers):
+    """Three embedded replicas publishing KV events, and a ledger following each of them."""
+    from agentkv.cache_ledger import CacheLedger
+    from agentkv.embedded.server import LocalServer
+
+    events = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:*", "replay_endpoint": "tcp://127.0.0.1:*"}
+    started = [LocalServer.from_size("tiny", window=16384, model_id="ev-slow", seed=1, kv_events_config=events,
+                                     request_log=10_000).start() for _ in range(3)]
+    pool = Backend("hosted_vllm/ev-slow", api_base=[s.api_base for s in started], name="slow",
+                   kv_events=[s.kv_events.endpoint for s in started],
+                   kv_events_replay=[s.kv_events.replay_endpoint for s in started])
+    try:
+        with CacheLedger([pool]) as ledger:
+            yield {"servers": started, "pool": pool, "ledger": ledger}
+    finally:
+        for server in started:
+            server.stop()
+
+
+def test_a_ledger_follows_every_replica_and_a_resident_warm_is_skipped_on_the_conversations_replica(servers,
+                                                                                                evented_pool):
+    """The ledger follows each replica under its own name; the same conversation in a second Session finds its
+    prefix resident on its home and sends no warm; another conversation, homed elsewhere, warms its own replica."""
+    from agentkv import WarmAheadPolicy
+
+    pool, ledger = evented_pool["pool"], evented_pool["ledger"]
+    assert sorted(ledger.backends) == sorted(pool.replica(u).replica_name for u in pool.replicas)
+    servers[0].max_model_len = 2048
+    fast = Backend(f"hosted_vllm/{servers[0].model_id}", api_base=servers[0].api_base, name="fast")
+    store, policy = InProcessStore(), WarmAheadPolicy(cooldown_s=300)
+    system = "You are a careful agent that reads the whole file before acting. " * 90
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Start."},
+                {"role": "assistant", "content": "Done step 0."},
+                {"role": "user", "content": "Step 0: " + "read the next file carefully " * 6}]
+
+    def one(session_id):
+        s = Session(fast, pool, tenant="acme", cache_salt_secret="k", session_id=session_id, state=store,
+                    discovery=WindowDiscovery(), ledger=ledger, warm_ahead=policy)
+        s.completion(messages=messages, max_tokens=2)
+        assert s.drain_warms(60)
+        return s
+
+    first = one("conversation-1")
+    home = first.last_facts.homes["slow"]
+    assert first.stats()["warm_fired"] == 1, (first.ledger[-1], first.stats())
+    from agentkv.warm import CooldownMap
+
+    # the same conversation in another process (a store of its own, with its own cooldowns): the same home
+    again = Session(fast, pool, tenant="acme", cache_salt_secret="k", session_id="conversation-1",
+                    state=InProcessStore(cooldowns=CooldownMap()), discovery=WindowDiscovery(), ledger=ledger,
+                    warm_ahead=policy)
+    with capture_events() as events:
+        again.completion(messages=messages, max_tokens=2)
+        assert again.drain_warms(60)
+    assert again.last_facts.homes["slow"] == home
+    assert (again.stats()["warm_fired"], again.stats()["warm_skipped_resident"]) == (0, 1)
+    other = one("conversation-2")
+    assert other.last_facts.homes["slow"] != home and other.stats()["warm_fired"] == 1
+    warmed = {s.api_base for s in evented_pool["servers"] if any(r.body.get("max_tokens") == 1 for r in chats(s))}
+    assert warmed == {home, other.last_facts.homes["slow"]}
+    skipped = [e for e in events if e["event"] == "warm_skipped_resident"]
+    assert [e["replica"] for e in skipped] == [home]
+    for s in (first, again, other):
+        s.close()

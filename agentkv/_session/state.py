@@ -105,8 +105,9 @@ class SessionState:
         self._record = Recorder(self._stats, rows=ledger_rows)
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.cache_ledger = ledger
-        if ledger is not None and slow is not None and ledger.follows(slow):
-            self._warm.attach(SlowResidency(ledger, slow, self.cache_salt, self._counter(slow)))
+        followed = [b for b in self._members(slow) if ledger.follows(b)] if ledger is not None and slow else []
+        if ledger is not None and slow is not None and followed:  # a pool's: its conversation's replica, per turn
+            self._warm.attach(SlowResidency(ledger, followed[0], self.cache_salt, self._counter(slow)))
         self.closed = False
 
     def _backends(self) -> list[Backend]:

@@ -333,6 +333,9 @@ def _warm_target(s: SessionState, known: Facts) -> Backend:
     one on another replica, so a conversation moved off a replica that went down is warmed again on its new one)."""
     slow = s._addressed("slow", known)
     s._warm.retarget(slow.api_base if s._backend("slow").is_pool else None)
+    residency = s._warm.residency
+    if residency is not None and s._backend("slow").is_pool:
+        residency.backend = slow  # what the ledger says of this conversation's replica
     return slow
 
 

@@ -83,7 +83,8 @@ class LedgerStats:
 
 
 class CacheLedger:
-    """Subscribes to every backend that declares ``kv_events``; one background thread per endpoint."""
+    """Subscribes to every backend that declares ``kv_events``; one background thread per endpoint. A pool
+    (``Backend(api_base=[...], kv_events=[...])``) is followed replica by replica, each under its label and URL."""
 
     def __init__(self, backends: Iterable[Any], *, max_blocks_per_backend: int = 1 << 20,
                  replay_timeout_s: float = 1.0, clock: Callable[[], float] = time.time,
@@ -104,8 +105,8 @@ class CacheLedger:
         # predictions, exact ones, tokens predicted, tokens cached, and tokens queried and hit (records with a prompt)
         self._accuracy: dict[str, tuple[int, ...]] = {}
         sources = dict(sources or {})
-        for backend in backends:
-            name = backend.label
+        for backend in _servers(backends):
+            name = _name(backend)
             source = sources.get(name)
             if source is None and getattr(backend, "kv_events", None) is None:
                 continue
@@ -135,7 +136,7 @@ class CacheLedger:
         backends = list(backends)
         transport = http or default_http()
         sources: dict[str, Subscription] = {}
-        for backend in backends:
+        for backend in _servers(backends):  # a pool's replicas are asked each
             root = getattr(backend, "server_root", None)
             if getattr(backend, "kv_events", None) is not None or root is None:
                 continue
@@ -146,10 +147,10 @@ class CacheLedger:
                     raise
                 answer = {}
             source = from_sources(answer, urlsplit(root).hostname or "127.0.0.1", rank=rank)
-            emit("ledger.discovered", backend=backend.label, found=source is not None,
+            emit("ledger.discovered", backend=_name(backend), found=source is not None,
                  bind=source.bind if source else None, replay=bool(source and source.replay_endpoint))
             if source is not None:
-                sources[backend.label] = source
+                sources[_name(backend)] = source
         return cls(backends, http=http, sources=sources, **options)
 
     @property
@@ -179,7 +180,7 @@ class CacheLedger:
         self.stop()
 
     def _name(self, backend: Any) -> str:
-        name = backend if isinstance(backend, str) else backend.label
+        name = backend if isinstance(backend, str) else _name(backend)
         if name not in self._trees:
             raise KeyError(f"the ledger does not follow {name!r} (it declares no kv_events endpoint)")
         return str(name)
@@ -334,7 +335,7 @@ class CacheLedger:
     def follows(self, backend: Any) -> bool:
         """True when this ledger follows ``backend``: a backend of that name declared a ``kv_events`` endpoint the
         ledger subscribed to, and (for a Backend) at the same server (a namesake elsewhere is not the tree's server)."""
-        name = backend if isinstance(backend, str) else backend.label
+        name = backend if isinstance(backend, str) else _name(backend)
         if name not in self._trees:
             return False
         return isinstance(backend, str) or getattr(backend, "server_root", None) == self._roots[name]
@@ -342,7 +343,7 @@ class CacheLedger:
     def live(self, backend: Any) -> bool:
         """True while ``backend``'s subscription runs (started, not stopped): its tree is kept current. A stopped or
         never-started ledger still answers from its last tree, which nothing corrects any more."""
-        name = backend if isinstance(backend, str) else backend.label
+        name = backend if isinstance(backend, str) else _name(backend)
         return name in self._subscribers and self._subscribers[name].running
 
     def subscription(self, backend: Any) -> Subscription:
@@ -352,3 +353,15 @@ class CacheLedger:
     def last_seq(self, backend: Any) -> int:
         """The last sequence number applied for ``backend`` (-1 before the first)."""
         return self._subscribers[self._name(backend)].last_seq
+
+
+def _servers(backends: Iterable[Any]) -> list[Any]:
+    """Every server ``backends`` name: a pool's replicas each (followed apart), any other backend as it is."""
+    return [replica for backend in backends
+            for replica in ([backend.replica(url) for url in backend.replicas] if getattr(backend, "is_pool", False)
+                            else [backend])]
+
+
+def _name(backend: Any) -> str:
+    """The name the ledger follows ``backend``'s server under (a pool replica's label and URL)."""
+    return str(getattr(backend, "replica_name", None) or backend.label)

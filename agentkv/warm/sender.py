@@ -373,6 +373,7 @@ class WarmAhead:
         """Count a skip (and take a resident prompt as this session's warmed prefix)."""
         if outcome == "skip_resident":
             self._stats.add("warm_skipped_resident")
+            emit("warm_skipped_resident", session=self._session_id, tenant=self._tenant, replica=self.replica)
             assert self.residency is not None
             self.residency.remember(ids)
         return outcome
@@ -407,7 +408,7 @@ class WarmAhead:
         self._stats.add(_EVENT_COUNTERS[outcome])
         self._stats.add("warm_completed")
         self.warmed = payload
-        emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant)
+        emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant, replica=self.replica)
 
     def _down(self, exc: BaseException) -> str | None:
         """The pool replica this warm found down (its error is an outage), else None."""
