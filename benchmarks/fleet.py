@@ -3,7 +3,8 @@ real vLLM 0.32 CPU replicas of the fast and the slow model.
 
 The same growing tool-using conversations (warmed at 60% of fast's 2048-token window, escalated to slow at about
 1.8K tokens, then one more slow turn) run through a Session in each mode, interleaved a turn at a time (as concurrent
-users' are: other conversations' requests pass through the tier between one conversation's warm and its escalation).
+users' are, in a shuffled order each round: other conversations' requests pass through the tier between one
+conversation's warm and its escalation).
 Printed per mode, side by side:
 
 - warm read: the share of the warm's cacheable tokens (whole 128-token blocks) the escalation found cached, mean and
@@ -30,6 +31,7 @@ import argparse
 import copy
 import itertools
 import logging
+import random
 import re
 import statistics
 import threading
@@ -148,12 +150,14 @@ def conversation(fast: Backend, slow: Backend, seed: int, state: InProcessStore)
             "escalation_s": escalation_s, "escalation_tokens": escalated.input_tokens}
 
 
-def interleaved(steps: list[Generator[None, None, dict]]) -> list[dict]:
-    """Run the conversations a turn each in turn until all have ended; their results in order."""
+def interleaved(steps: list[Generator[None, None, dict]], seed: int = 0) -> list[dict]:
+    """Run the conversations a turn each, in a shuffled order each round (so that no balancer's rotation lines up
+    with the conversations'), until all have ended; their results in order."""
     results: dict[int, dict] = {}
     live = dict(enumerate(steps))  # index -> a conversation still running
+    order = random.Random(seed)
     while live:
-        for index, step in list(live.items()):
+        for index, step in order.sample(list(live.items()), len(live)):
             try:
                 next(step)
             except StopIteration as ended:
@@ -167,6 +171,7 @@ def cold_turn_s(fast: Backend, slow: Backend, tokens: int) -> float:
     s = Session(fast, slow, discovery=WindowDiscovery(), tenant=f"cold-{uuid.uuid4()}", cache_salt_secret="bench")
     history = grow(16, 10_000 + int(time.time() * 1000) % 100_000)
     msgs = next((m for m in history if s.count(messages=m, tools=TOOLS8).total >= tokens), history[-1])
+    s.route(messages=msgs, tools=TOOLS8, max_tokens=2)  # discovery done before the clock starts, as a live Session's
     started = time.perf_counter()
     s.completion(messages=msgs, tools=TOOLS8, max_tokens=2)
     took = time.perf_counter() - started

@@ -207,24 +207,36 @@ def main() -> None:
 
 
 def replica_choice(api_base: str, litellm: Any, convos: list[list[list[dict[str, Any]]]],
-                   tools: list[dict[str, Any]], rounds: int = 5) -> None:
-    """What choosing a pool's replica adds per request: the Session around an instant client, one server against a
-    pool of three (its home from the in-process store, the ejections read), alternating, the window declared so
-    that neither asks a server anything."""
+                   tools: list[dict[str, Any]], rounds: int = 7) -> None:
+    """What choosing a pool's replica adds per request, two ways, one server against a pool of three (its home from the
+    in-process store, the ejections read), the window declared so that neither asks a server anything:
+
+    - ``Session.route`` (the whole decision: windows, the replica, the count, the route), paired turn by turn in
+      alternating order, ``rounds`` times: the median of the per-turn differences;
+    - ``Session.completion`` around an instant client (everything a request does), medians side by side (noisier)."""
     from agentkv.state import InProcessStore
 
     common = dict(name="fast", window=6144, tokenizer="cl100k_base", chat_template=CHATML_TOOLS_TEMPLATE)
     one = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, **common)  # type: ignore[arg-type]
     pool = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, replicas=(api_base, "http://127.0.0.1:9/v1",
                    "http://127.0.0.1:10/v1"), **common)  # type: ignore[arg-type]
+    sessions = [Session(b, client=InstantClient(litellm), state=InProcessStore()) for b in (one, pool)]
+    differences = []
+    for round_ in range(rounds):
+        for turn, msgs in enumerate(m for convo in convos for m in convo):
+            order = (0, 1) if (turn + round_) % 2 == 0 else (1, 0)
+            took = {i: _timed(functools.partial(sessions[i].route, messages=msgs, tools=tools, max_tokens=1))
+                    for i in order}
+            differences.append(took[1] - took[0])
     times: dict[str, list[float]] = {"one server": [], "pool of 3": []}
-    for _ in range(rounds):
+    for _ in range(3):
         for name, backend in (("one server", one), ("pool of 3", pool)):
             times[name] += session_only(lambda c, h, b=backend: Session(b, client=c, http=h, state=InProcessStore()),
                                         litellm, convos, tools)
     single, pooled = (statistics.median(t) for t in times.values())
-    print(f"choosing a replica: {(pooled - single) * 1000:+.3f} ms/request (one server {single * 1000:.3f} ms, "
-          f"pool of 3 {pooled * 1000:.3f} ms, medians with an instant client over {len(times['pool of 3'])} requests)")
+    print(f"choosing a replica: {statistics.median(differences) * 1000:+.4f} ms/request in Session.route (paired, "
+          f"{len(differences)} turns); whole requests with an instant client: one server {single * 1000:.3f} ms, "
+          f"pool of 3 {pooled * 1000:.3f} ms ({(pooled - single) * 1000:+.3f} ms, medians)")
 
 
 if __name__ == "__main__":

@@ -437,3 +437,35 @@ def test_a_ledger_follows_every_replica_and_a_resident_warm_is_skipped_on_the_co
     assert [e["replica"] for e in skipped] == [home]
     for s in (first, again, other):
         s.close()
+
+
+def test_user_is_an_opt_in_and_a_callers_user_wins():
+    """``affinity_user=True`` sends the key as ``user`` too (unless the caller set one); by default only the header;
+    ``affinity_headers=()`` sends no header."""
+    from agentkv.testing import FakeHttp, models_answer
+
+    class Client:
+        def __init__(self):
+            self.calls = []
+
+        def completion(self, **kwargs):
+            self.calls.append(kwargs)
+            return {"choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+
+    http = FakeHttp(lambda method, url, body: models_answer("m", 4096))
+    sent = {}
+    for name, options in (("default", {}), ("user", {"affinity_user": True}), ("none", {"affinity_headers": ()})):
+        client = Client()
+        fast = Backend("hosted_vllm/m", api_base="http://127.0.0.1:9/v1", name="fast", **options)
+        with Session(fast, client=client, http=http, discovery=WindowDiscovery(http=http), count_with_server=False) as s:
+            s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2, user="theirs")
+        sent[name] = [(c.get("extra_headers"), c.get("user")) for c in client.calls]
+        key = s.routing_key
+        if name == "default":
+            assert sent[name] == [({"X-Session-ID": key}, None), ({"X-Session-ID": key}, "theirs")]
+        elif name == "user":
+            assert sent[name] == [({"X-Session-ID": key}, key), ({"X-Session-ID": key}, "theirs")]
+        else:
+            assert sent[name] == [(None, None), (None, "theirs")]

@@ -81,6 +81,9 @@ def test_a_cold_escalation_exports_on_fast_and_imports_on_slow_under_the_handoff
     assert url == "http://127.0.0.1:9/v1/chat/completions"
     assert body["kv_transfer_params"] == {"agentkv": {"export": True}} and body["max_tokens"] == 1
     assert body["messages"] == [{"role": "user", "content": "word " * 100}] and body["cache_salt"] == s.cache_salt
+    export_call = next(c for c in s.http.calls if c.url.endswith("/chat/completions"))
+    assert export_call.headers == {"X-Session-ID": s.routing_key}  # a router sends the export where fast served
+    assert client.calls[-1]["extra_headers"] == {"X-Session-ID": s.routing_key}
     escalated = client.calls[-1]["extra_body"]
     assert escalated["kv_transfer_params"] == {"agentkv": {"import": EXPORT_ID, "mapper": "fast"}}
     assert escalated["cache_salt"] == handoff_salt(s.cache_salt, mapper_digest(folder)) != s.cache_salt

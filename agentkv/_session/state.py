@@ -18,7 +18,7 @@ from agentkv._session.inputs import Facts, check_backends, check_timeout
 from agentkv._session.record import Recorder
 from agentkv.backends import Backend
 from agentkv.discovery import WindowDiscovery, discovery_for
-from agentkv.fleet import choose, routing_key
+from agentkv.fleet import choose, pool_id, ranked, routing_key
 from agentkv.handoff.escalation import Handoff
 from agentkv.protocols import CompletionClient
 from agentkv.retry import RetryPolicy
@@ -85,6 +85,9 @@ class SessionState:
         # each pool's replicas as Backends (label -> url -> replica), and every pooled URL (what ejections are read for)
         self.replicas = {b.label: {url: b.replica(url) for url in b.replicas} for b in self._backends() if b.is_pool}
         self.pooled = tuple(url for b in self._backends() for url in b.replicas)
+        # each pool's name in the store and this conversation's order of its replicas (the key is fixed per Session)
+        self.pool_ids = {b.label: pool_id(b.label, b.replicas) for b in self._backends() if b.is_pool}
+        self.rankings = {b.label: ranked(self.routing_key, b.replicas) for b in self._backends() if b.is_pool}
         self.slow_prompt_tokens: int | None = None  # the last slow answer's prompt (what its next turn expects cached)
         self.last_facts: Facts | None = None  # a pooled Session's last gathered facts (its homes, the replicas down)
         self.request_timeout_s = check_timeout(request_timeout_s)

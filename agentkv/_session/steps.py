@@ -19,7 +19,7 @@ from agentkv.backends import Backend, WindowInfo
 from agentkv._session.warm_prefix import schedule_warm_prefix_check
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
-from agentkv.fleet import HOME_IDLE_S, HOME_SLACK, affinity_missed, pool_id, pool_window, ranked, routing_headers
+from agentkv.fleet import HOME_IDLE_S, HOME_SLACK, affinity_missed, pool_window, routing_headers
 from agentkv.retry import outage_cause
 from agentkv.state import StateUnavailable
 from agentkv.routing import RouteDecision, decide_route, interval_decides, is_escalation
@@ -74,12 +74,12 @@ def _pools(s: SessionState) -> list[Backend]:
 
 def _home_ask(s: SessionState, pool: Backend) -> tuple[str, str, tuple[str, ...]]:
     """What the state store is asked for the conversation's home in ``pool``: the pool, the key, its ranking."""
-    return pool_id(pool.label, pool.replicas), s.routing_key, ranked(s.routing_key, pool.replicas)
+    return s.pool_ids[pool.label], s.routing_key, s.rankings[pool.label]
 
 
 def _pooled(s: SessionState, backend: Backend, infos: list[WindowInfo]) -> WindowInfo:
     """One backend's window info: a pool's is its smallest replica's (a disagreement is warned of once)."""
-    if len(infos) == 1:
+    if len(infos) == 1 or all(info == infos[0] for info in infos):
         return infos[0]
     info, differing = pool_window(infos)
     if differing and (backend.label, differing) not in _WARNED:
