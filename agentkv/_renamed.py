@@ -49,9 +49,11 @@ class _Renamed(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if not fullname.startswith("agentkv.") or new_name(fullname) is None:
+        moved = new_name(fullname) if fullname.startswith("agentkv.") else None
+        if moved is None:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        found = importlib.util.find_spec(moved)  # its file is the old name's too (``python -m`` sets ``__file__``)
+        return importlib.util.spec_from_loader(fullname, self, origin=found.origin if found is not None else None)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         moved = new_name(spec.name)

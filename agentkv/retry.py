@@ -208,10 +208,15 @@ class RetryPolicy:
         return dict(
             stop=stop_after_attempt(max(1, tries)),
             wait=wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s),
-            retry=retry_if_exception(is_transient if outages else _transient_not_outage),
+            retry=retry_if_exception(is_transient if outages else self._transient_not_failing_over),
             reraise=True,
             before_sleep=_log_retry,
         )
+
+    def _transient_not_failing_over(self, error: BaseException) -> bool:
+        """Retried on the same server: a transient error this policy would not fail over (a pool's next replica takes
+        those)."""
+        return is_transient(error) and not self.fails_over(error)
 
     def call(self, fn: Callable[[], T], *, attempts: int | None = None, outages: bool = True) -> T:
         """Call ``fn``, retrying transient errors (at most ``attempts`` tries when given, never more than
@@ -228,10 +233,6 @@ class RetryPolicy:
             return await fn()
 
         return await AsyncRetrying(sleep=self.asleep, **self._kwargs(attempts, outages))(attempt)
-
-
-def _transient_not_outage(error: BaseException) -> bool:
-    return is_transient(error) and outage_cause(error) is None
 
 
 def _log_retry(state: Any) -> None:

@@ -46,8 +46,13 @@ def test_a_callers_credentials_never_ride_on_a_warm():
     """Forwardable headers keep routing ones and drop credentials, hop-by-hop and body headers; a caller's own session
     header wins over the key; the set is bounded."""
     caller = {"X-Session-ID": "theirs", "X-Team": "a", "Authorization": "Bearer sk-1", "x-api-key": "k", "Cookie": "c",
-              "Content-Length": "9", "Host": "h", "X-Stainless-Retry-Count": "0", "X-Auth-Token": "t"}
+              "Content-Length": "9", "Host": "h", "X-Stainless-Retry-Count": "0", "X-Auth-Token": "t",
+              "x-goog-api-key": "g", "Ocp-Apim-Subscription-Key": "o", "apikey": "a", "X-Auth": "x", "Helicone-Auth": "h",
+              "X-Access-Key": "k", "x-functions-key": "f", "X-Amz-Security-Token": "s", "X-Signature": "s"}
     assert forwardable_headers(caller) == {"X-Session-ID": "theirs", "X-Team": "a"}
+    keyed = Backend("hosted_vllm/m", api_base="http://127.0.0.1:1/v1", affinity_headers=("X-Routing-Key",))
+    assert routing_headers(keyed, None, {"X-Routing-Key": "r", "X-Api-Key": "k"}) == {"X-Routing-Key": "r"}
+    assert forwardable_headers({"X-Big": "v" * 9000, "X-Session-ID": "s"}) == {"X-Session-ID": "s"}
     backend = Backend("hosted_vllm/m", api_base="http://127.0.0.1:1/v1")
     assert routing_headers(backend, "k" * 32, caller)["X-Session-ID"] == "theirs"
     assert routing_headers(backend, "k" * 32, {}) == {"X-Session-ID": "k" * 32}
@@ -469,3 +474,76 @@ def test_user_is_an_opt_in_and_a_callers_user_wins():
             assert sent[name] == [({"X-Session-ID": key}, key), ({"X-Session-ID": key}, "theirs")]
         else:
             assert sent[name] == [(None, None), (None, "theirs")]
+
+
+def test_recover_for_a_caller_that_sends_itself_visits_each_replica_once_then_fails_over():
+    """``Session.recover`` after outages on a slow pool moves the try to each replica once (each ejected), then to
+    fast; it never loops between two."""
+    import httpx
+
+    from agentkv.testing import FakeHttp, models_answer
+
+    http = FakeHttp(lambda method, url, body: models_answer("fast" if ":9/" in url else "slow",
+                                                            1000 if ":9/" in url else 100_000))
+    fast = Backend("hosted_vllm/fast", api_base="http://127.0.0.1:9/v1", name="fast")
+    slow = Backend("hosted_vllm/slow", api_base=[f"http://127.0.0.1:{p}/v1" for p in (11, 12, 13)], name="slow")
+    with Session(fast, slow, http=http, discovery=WindowDiscovery(http=http), count_with_server=False,
+                 state=InProcessStore()) as s:
+        attempt = s.prepare({"messages": [{"role": "user", "content": "word " * 900}], "max_tokens": 4})
+        visited = []
+        while attempt.decision.role == "slow" and len(visited) < 10:
+            visited.append(attempt.backend.api_base)
+            error = httpx.ConnectError("refused")
+            try:
+                attempt = s.recover(attempt, error)
+            except httpx.ConnectError:
+                break
+        assert sorted(visited) == sorted(slow.replicas)
+        assert s.stats()["replica_failovers"] == 2 and s.ejections.down(slow.replicas) == set(slow.replicas)
+
+
+def test_a_pool_replica_retries_what_it_would_not_fail_over():
+    """With outages off (a pool's replica), a refused connection is not retried on it, but a read timeout (which does
+    not fail over by default) is, as on one server."""
+    import httpx
+
+    from agentkv import RetryPolicy
+
+    policy = RetryPolicy(sleep=lambda s: None)
+    for error, tries in ((httpx.ConnectError("refused"), 1), (httpx.ReadTimeout("slow"), 3)):
+        calls = []
+
+        def fail(error=error):
+            calls.append(1)
+            raise error
+
+        with pytest.raises(type(error)):
+            policy.call(fail, outages=False)
+        assert len(calls) == tries, type(error).__name__
+
+
+def test_a_later_mark_never_shortens_a_replicas_cool_off(redis_url):
+    """A second, shorter mark leaves the first one's end, in Redis and in process."""
+    import time
+
+    from agentkv.state import RedisStore
+
+    for store in (RedisStore.from_url(redis_url, namespace=f"fleet-{uuid.uuid4()}", timeout_s=1.0), InProcessStore()):
+        store.mark_down("http://b/v1", 5)
+        store.mark_down("http://b/v1", 0.1)
+        time.sleep(0.2)
+        assert store.read_down(["http://b/v1"]) == {"http://b/v1"}, type(store).__name__
+
+
+def test_chat_agentkv_refuses_a_pool_it_cannot_address():
+    """ChatAgentKV's LangChain models each address one URL: a Session over a pool is refused, naming the fix."""
+    from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+
+    from agentkv.errors import ConfigurationError
+    from agentkv.integrations.langchain import ChatAgentKV
+
+    fast = Backend("hosted_vllm/fast", api_base="http://127.0.0.1:9/v1", name="fast")
+    slow = Backend("hosted_vllm/slow", api_base=["http://127.0.0.1:11/v1", "http://127.0.0.1:12/v1"], name="slow")
+    model = FakeMessagesListChatModel(responses=[])
+    with Session(fast, slow) as s, pytest.raises(ConfigurationError, match="router"):
+        ChatAgentKV(model, model, s)

@@ -189,6 +189,7 @@ class Session(SessionState):
         if isinstance(action, Recover):
             return recover(self, attempt, error, action.overflow, steps.recount(self, attempt), steps.facts(self))
         if isinstance(action, FailOver):
+            steps.eject(self, attempt, error)  # a pool's replica found down: never this turn's again
             return fail_over(self, attempt, error, steps.facts(self))
         raise error
 
@@ -199,6 +200,7 @@ class Session(SessionState):
             return recover(self, attempt, error, action.overflow, await steps.arecount(self, attempt),
                            await steps.afacts(self))
         if isinstance(action, FailOver):
+            await steps.aeject(self, attempt, error)
             return fail_over(self, attempt, error, await steps.afacts(self))
         raise error
 

@@ -14,6 +14,7 @@ from agentkv._session.inputs import Facts, max_tokens_of
 from agentkv._session.state import SessionState
 from agentkv._session.steps import log_route
 from agentkv.errors import ContextOverflowError
+from agentkv._http import redact_url
 from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.fleet import choose
@@ -109,7 +110,8 @@ def _moved(s: SessionState, attempt: Attempt, error: Exception, replica: Backend
     """The same try on the conversation's next replica: the same route and budget, no tier change."""
     s._stats.add("replica_failovers")
     emit("replica_failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
-         backend=attempt.backend.label, failed=attempt.backend.api_base, to=replica.api_base, session=s.session_id,
+         backend=attempt.backend.label, failed=redact_url(attempt.backend.api_base or ""),
+         to=redact_url(replica.api_base or ""), session=s.session_id,
          tenant=s.tenant)
     return replace(attempt, backend=replica)
 

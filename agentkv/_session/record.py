@@ -13,6 +13,7 @@ from typing import Any, Callable
 from agentkv._session.attempts import Attempt
 from agentkv.wire.usage import StreamWatcher, Usage, response_usage
 from agentkv.errors import check_positive_int
+from agentkv._http import redact_url
 from agentkv.events import emit
 from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats
@@ -42,7 +43,7 @@ class Recorder:
         ``on_usage`` is also handed the answer's :class:`Usage` once it is known; ``pooled``: the backend is a pool
         (the request is counted per replica too)."""
         decision = attempt.decision
-        self.stats.request(decision.backend, attempt.backend.api_base if pooled else None)
+        self.stats.request(decision.backend, redact_url(attempt.backend.api_base or "") if pooled else None)
         if decision.reason in _REASON_COUNTERS:
             self.stats.add(_REASON_COUNTERS[decision.reason])
         if escalation:

@@ -109,8 +109,10 @@ class SessionState:
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.cache_ledger = ledger
         followed = [b for b in self._members(slow) if ledger.follows(b)] if ledger is not None and slow else []
-        if ledger is not None and slow is not None and followed:  # a pool's: its conversation's replica, per turn
-            self._warm.attach(SlowResidency(ledger, followed[0], self.cache_salt, self._counter(slow)))
+        self.residency: SlowResidency | None = None  # event-aware warms' view of slow (a pool's: its replica, per turn)
+        if ledger is not None and slow is not None and followed:
+            self.residency = SlowResidency(ledger, followed[0], self.cache_salt, self._counter(slow))
+            self._warm.attach(self.residency)
         self.closed = False
 
     def _backends(self) -> list[Backend]:
@@ -135,9 +137,13 @@ class SessionState:
             self.routing_key, backend.replicas)
         return self.replicas[backend.label][url or backend.replicas[0]]
 
-    def _members(self, backend: Backend) -> list[Backend]:
-        """What discovery asks for ``backend``'s window: each replica of a pool, else the backend."""
-        return list(self.replicas[backend.label].values()) if backend.is_pool else [backend]
+    def _members(self, backend: Backend, down: frozenset[str] = frozenset()) -> list[Backend]:
+        """What discovery asks for ``backend``'s window: each replica of a pool not ``down`` (all when every one is),
+        else the backend."""
+        if not backend.is_pool:
+            return [backend]
+        replicas = self.replicas[backend.label]
+        return [r for url, r in replicas.items() if url not in down] or list(replicas.values())
 
     def _counter(self, backend: Backend) -> TokenCounter:
         return self.counters[backend.label]

@@ -20,7 +20,7 @@ from agentkv._session.warm_prefix import schedule_warm_prefix_check
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
 from agentkv.fleet import HOME_IDLE_S, HOME_SLACK, affinity_missed, pool_window, routing_headers
-from agentkv.retry import outage_cause
+from agentkv.retry import is_outage, outage_cause
 from agentkv.state import StateUnavailable
 from agentkv.routing import RouteDecision, decide_route, interval_decides, is_escalation
 from agentkv.tenancy import screen_caller_salts
@@ -37,11 +37,11 @@ __all__ = ["acount", "aeject", "afacts", "amaybe_warm", "arecount", "count", "de
 def facts(s: SessionState) -> Facts:
     """The backends' windows and served models, as discovered now (cached, single flight; a pool's per replica,
     the smallest used), and which pooled replicas are cooling off."""
-    fast = _pooled(s, s.fast, [s.discovery.window(b, model_known=False) for b in s._members(s.fast)])
-    slow = None if s.slow is None else _pooled(s, s.slow, [s.discovery.window(b) for b in s._members(s.slow)])
+    down = s.ejections.down(s.pooled) if s.pooled else frozenset()
+    fast = _pooled(s, s.fast, [s.discovery.window(b, model_known=False) for b in s._members(s.fast, down)])
+    slow = None if s.slow is None else _pooled(s, s.slow, [s.discovery.window(b) for b in s._members(s.slow, down)])
     if not s.pooled:
         return to_facts(s.fast, s.slow, fast, slow)
-    down = s.ejections.down(s.pooled)
     homes = {}
     for b in _pools(s):
         try:
@@ -53,11 +53,12 @@ def facts(s: SessionState) -> Facts:
 
 
 async def afacts(s: SessionState) -> Facts:
-    fast = _pooled(s, s.fast, [await s.discovery.awindow(b, model_known=False) for b in s._members(s.fast)])
-    slow = None if s.slow is None else _pooled(s, s.slow, [await s.discovery.awindow(b) for b in s._members(s.slow)])
+    down = await s.ejections.adown(s.pooled) if s.pooled else frozenset()
+    fast = _pooled(s, s.fast, [await s.discovery.awindow(b, model_known=False) for b in s._members(s.fast, down)])
+    slow = None if s.slow is None else _pooled(
+        s, s.slow, [await s.discovery.awindow(b) for b in s._members(s.slow, down)])
     if not s.pooled:
         return to_facts(s.fast, s.slow, fast, slow)
-    down = await s.ejections.adown(s.pooled)
     homes = {}
     for b in _pools(s):
         try:
@@ -326,16 +327,18 @@ def _probe_outage(error: Exception) -> bool:
     """A health check's failure that says the replica is down: unreachable, timed out, or a 5xx."""
     status = getattr(error, "status_code", None)
     return outage_cause(error) is not None or getattr(error, "timed_out", False) is True or (
-        isinstance(status, int) and status >= 500) or status is None
+        isinstance(status, int) and status >= 500)
 
 def _warm_target(s: SessionState, known: Facts) -> Backend:
     """Where this conversation's escalation would go now: a pool's replica for it (a warm there is claimed apart from
     one on another replica, so a conversation moved off a replica that went down is warmed again on its new one)."""
     slow = s._addressed("slow", known)
     s._warm.retarget(slow.api_base if s._backend("slow").is_pool else None)
-    residency = s._warm.residency
-    if residency is not None and s._backend("slow").is_pool:
-        residency.backend = slow  # what the ledger says of this conversation's replica
+    if s.residency is not None and s._backend("slow").is_pool:  # the ledger's view of this conversation's replica
+        followed = s.residency.ledger.follows(slow)
+        if followed:
+            s.residency.backend = slow
+        s._warm.residency = s.residency if followed else None  # a replica it does not follow: the cooldown decides
     return slow
 
 
@@ -387,7 +390,7 @@ async def aeject(s: SessionState, attempt: Attempt, error: Exception) -> None:
 
 def _pooled_replica(s: SessionState, attempt: Attempt, error: Exception) -> str | None:
     url = attempt.backend.api_base
-    if url is None or url not in s.replicas.get(attempt.backend.label, {}) or outage_cause(error) is None:
+    if url is None or url not in s.replicas.get(attempt.backend.label, {}) or not is_outage(error):
         return None
     attempt.turn.replicas_down.add(url)
     return url

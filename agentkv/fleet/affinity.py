@@ -27,7 +27,7 @@ DEFAULT_AFFINITY_HEADERS = ("X-Session-ID",)
 # Headers a warm never repeats from the caller's request: credentials (they may be meant for one backend only),
 # what the HTTP client sets itself, and what describes the body (a warm's body is its own).
 _NOT_FORWARDED = re.compile(
-    r"(?i)^(authorization|proxy-authorization|x-api-key|api-key|cookie|set-cookie|.*secret.*|.*token.*|.*password.*|"
+    r"(?i)^(.*(auth|key|token|secret|passw|cookie|credential|signature|session-token).*|"
     r"host|content-length|content-type|content-encoding|transfer-encoding|connection|keep-alive|te|trailer|upgrade|"
     r"accept-encoding|expect|x-stainless-.*|openai-organization|openai-project|anthropic-.*)$")
 _MAX_FORWARDED = 32  # headers, and 8 KiB of them: whatever a caller sends, a warm carries a bounded set
@@ -46,17 +46,22 @@ def routing_key(tenant: str | None, session_id: str, secret: str | bytes | None 
     return digest.hexdigest()
 
 
-def forwardable_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
+def forwardable_headers(headers: Mapping[str, Any] | None, keep: tuple[str, ...] = ()) -> dict[str, str]:
     """The caller's headers a warm repeats so that it lands where the caller's own turn lands: every string header
-    but credentials, hop-by-hop and body-describing ones (bounded: at most 32 headers, 8 KiB in all)."""
+    but credentials (any name with auth, key, token, secret, passw, cookie, credential or signature in it), hop-by-hop
+    and body-describing ones (bounded: at most 32 headers, 8 KiB in all). Names in ``keep`` (a backend's affinity
+    headers) go whatever they are called."""
     kept: dict[str, str] = {}
     size = 0
+    named = {name.lower() for name in keep}
     for name, value in (headers or {}).items():
-        if not isinstance(name, str) or not isinstance(value, str) or _NOT_FORWARDED.match(name):
+        if not isinstance(name, str) or not isinstance(value, str):
             continue
+        if name.lower() not in named and _NOT_FORWARDED.match(name):
+            continue
+        if len(kept) >= _MAX_FORWARDED or size + len(name) + len(value) > _MAX_FORWARDED_BYTES:
+            continue  # one large header never crowds out a later one that fits (a session header among them)
         size += len(name) + len(value)
-        if len(kept) >= _MAX_FORWARDED or size > _MAX_FORWARDED_BYTES:
-            break
         kept[name] = value
     return kept
 
@@ -64,7 +69,7 @@ def forwardable_headers(headers: Mapping[str, Any] | None) -> dict[str, str]:
 def routing_headers(backend: Backend, key: str | None, caller: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The headers a request to ``backend`` carries: the caller's forwardable ones, then ``key`` under each of the
     backend's affinity header names the caller did not set itself (a caller's own session header wins)."""
-    headers = forwardable_headers(caller)
+    headers = forwardable_headers(caller, backend.affinity_headers)
     if key is None:
         return headers
     taken = {name.lower() for name in headers}

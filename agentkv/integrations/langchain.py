@@ -44,7 +44,7 @@ from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_me
 from langchain_core.runnables import Runnable, RunnableBinding
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from agentkv.errors import ContextOverflowError
+from agentkv.errors import ConfigurationError, ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
@@ -274,6 +274,12 @@ class ChatAgentKV(BaseChatModel):
     last_role: str | None = None
 
     def __init__(self, fast_model: Any, slow_model: Any, session: SessionLike, **kwargs: Any) -> None:
+        pools = [b.label for b in (getattr(session, "fast", None), getattr(session, "slow", None))
+                 if getattr(b, "is_pool", False)]
+        if pools:  # each LangChain chat model addresses one URL: it cannot follow a conversation's replica
+            raise ConfigurationError(f"ChatAgentKV sends through LangChain models, each at one URL; {pools} are pools "
+                                     "of replicas: put a router in front of them (docs/fleet.md) and give the models "
+                                     "and the Session its URL")
         super().__init__(fast_model=fast_model, slow_model=slow_model, session=session, **kwargs)
 
     @property

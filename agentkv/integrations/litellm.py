@@ -49,8 +49,8 @@ SESSION_TAG = "agentkv_session"
 
 
 def addressed_to(backend: Backend) -> Callable[[Mapping[str, Any]], bool]:
-    """A predicate on litellm's call details: is this call addressed to ``backend``?"""
-    base = (backend.api_base or "").rstrip("/")
+    """A predicate on litellm's call details: is this call addressed to ``backend`` (to any replica of a pool)?"""
+    bases = tuple(url.rstrip("/") for url in (backend.replicas or (backend.api_base or "",)))
 
     def match(details: Mapping[str, Any]) -> bool:
         params = details.get("litellm_params") or {}
@@ -58,7 +58,8 @@ def addressed_to(backend: Backend) -> Callable[[Mapping[str, Any]], bool]:
         provider = params.get("custom_llm_provider") or details.get("custom_llm_provider")
         if backend.model not in (model, f"{provider}/{model}"):
             return False
-        return not base or str(params.get("api_base") or "").startswith(base)
+        sent_to = str(params.get("api_base") or "")
+        return not any(bases) or any(sent_to.startswith(base) for base in bases if base)
 
     return match
 

@@ -15,6 +15,7 @@ import time
 import weakref
 from typing import Callable, Sequence
 
+from agentkv._http import redact_url
 from agentkv.events import emit
 from agentkv.state.protocol import StateStore, StateUnavailable
 
@@ -29,7 +30,8 @@ class Ejections:
     which of a pool's replicas are out now."""
 
     def __init__(self, store: StateStore, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.refresh_s, self._clock = store, refresh_s, clock
+        self._store = weakref.ref(store)  # weak: ejections_for's map never keeps a store (and its connections) alive
+        self.refresh_s, self._clock = refresh_s, clock
         self._own: dict[str, float] = {}  # replica -> when this process's own mark ends
         self._seen: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}  # pool -> (read at, down then)
         self._probed: dict[str, float] = {}  # replica -> when this process last checked it was up
@@ -46,6 +48,13 @@ class Ejections:
             self._probed[replica] = now
             return True
 
+    @property
+    def store(self) -> StateStore:
+        store = self._store()
+        if store is None:  # pragma: no cover - a Session holds its store for as long as it holds this
+            raise StateUnavailable("the state store is gone")
+        return store
+
     def _marked(self, replica: str, cooloff_s: float) -> bool:
         """Record this process's mark; True when it is news (the replica was not already out here)."""
         now = self._clock()
@@ -54,7 +63,7 @@ class Ejections:
             self._own[replica] = now + cooloff_s
             self._seen.clear()  # the next read asks the store again
         if fresh:
-            emit("replica_ejected", level="warning", replica=replica, cooloff_s=cooloff_s)
+            emit("replica_ejected", level="warning", replica=redact_url(replica), cooloff_s=cooloff_s)
         return fresh
 
     def mark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S) -> None:

@@ -66,7 +66,7 @@ HOME_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local idle = tonumber(ARGV[2])
-local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - idle, 'LIMIT', 0, 256)
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - idle, 'LIMIT', 0, 4096)
 for _, c in ipairs(old) do redis.call('HDEL', KEYS[1], c); redis.call('ZREM', KEYS[2], c) end
 local ranked, down = {}, {}
 for i = 4, #ARGV, 2 do
@@ -266,10 +266,13 @@ class RedisStore:
 
     # ------------------------------------------------------------------ replicas cooling off
     def mark_down(self, key: str, ttl_s: float) -> None:
-        self._call(lambda: self.client.set(self.keys.down(key), "1", px=_ms(ttl_s)))
+        """A new mark, or a later end for one already there (never an earlier one: ``PEXPIRE … GT``)."""
+        down, ms = self.keys.down(key), _ms(ttl_s)
+        self._call(lambda: _marked(self.client.pipeline(transaction=True), down, ms).execute())
 
     async def amark_down(self, key: str, ttl_s: float) -> None:
-        await self._acall(lambda c: c.set(self.keys.down(key), "1", px=_ms(ttl_s)))
+        down, ms = self.keys.down(key), _ms(ttl_s)
+        await self._acall(lambda c: _marked(c.pipeline(transaction=True), down, ms).execute())
 
     def read_down(self, keys: Sequence[str]) -> frozenset[str]:
         if not keys:
@@ -316,6 +319,13 @@ def _granted(outcome: str, lease: Lease) -> tuple[ClaimOutcome, Lease | None]:
     if outcome == "fire":
         return "fire", lease
     return ("saturated" if outcome == "saturated" else "cooldown"), None
+
+
+def _marked(pipe: Any, key: str, ms: int) -> Any:
+    """``pipe`` with a down mark queued: set when absent, else made to end later (``PEXPIRE … GT``), never earlier."""
+    pipe.set(key, "1", px=ms, nx=True)
+    pipe.pexpire(key, ms, gt=True)
+    return pipe
 
 
 def _pipelined(pipe: Any, writes: list[tuple[str, str, int]]) -> Any:

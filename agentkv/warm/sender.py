@@ -22,9 +22,9 @@ import time
 from typing import Any, Awaitable, Callable, Mapping
 
 from agentkv._defaults import process_default
-from agentkv._http import HttpTransport
+from agentkv._http import HttpTransport, redact_url
 from agentkv.errors import ConfigurationError
-from agentkv.retry import outage_cause
+from agentkv.retry import is_outage
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload
@@ -166,6 +166,11 @@ class WarmAhead:
         self.ejections: Ejections | None = None  # where a replica found down by a warm is marked (a pool's)
         self.cooloff_s = DEFAULT_COOLOFF_S
 
+    @property
+    def _shown_replica(self) -> str | None:
+        """The replica as events show it (no credentials)."""
+        return None if self.replica is None else redact_url(self.replica)
+
     def retarget(self, replica: str | None) -> None:
         """Warms now go to ``replica`` (a pool's, for this conversation): a warm on another replica no longer counts,
         and the cooldown is claimed per replica, so a conversation moved to a new replica is warmed there again."""
@@ -281,10 +286,10 @@ class WarmAhead:
         self._as_task(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s, headers=headers))
 
     def _on_thread(self, send: Callable[[], Any]) -> None:
-        lease = self._take_lease()
+        lease, replica = self._take_lease(), self.replica  # the replica this warm goes to, whatever comes next
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._jobs.thread(lambda: self._checked(send, lease, *pending))
+            self._jobs.thread(lambda: self._checked(send, lease, *pending, replica=replica))
             return
 
         def job() -> None:
@@ -292,17 +297,18 @@ class WarmAhead:
                 send()
                 self._stats.add("warm_completed")
             except Exception as exc:  # a warm never raises into anyone
-                self._failed(exc)
+                self._failed(exc, replica)
             finally:
                 self._release(lease)
 
         self._jobs.thread(job)
 
     def _as_task(self, send: Callable[[], Awaitable[Any]]) -> None:
-        lease = self._take_lease()
+        lease, replica = self._take_lease(), self.replica
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._jobs.task(self._achecked(send, lease, *pending), self.policy.timeout_s + 2 + 2 * self._settle_s())
+            self._jobs.task(self._achecked(send, lease, *pending, replica=replica),
+                            self.policy.timeout_s + 2 + 2 * self._settle_s())
             return
 
         async def job() -> None:
@@ -310,8 +316,8 @@ class WarmAhead:
                 await send()
                 self._stats.add("warm_completed")
             except Exception as exc:  # a warm never raises into anyone
-                await self._aeject(exc)
-                self._failed(exc, eject=False)
+                await self._aeject(exc, replica)
+                self._failed(exc)
             finally:
                 await self._arelease(lease)
 
@@ -323,7 +329,7 @@ class WarmAhead:
         return self.residency.settle_s if self.residency is not None else 0.0
 
     def _checked(self, send: Callable[[], Any], lease: Lease | None, payload: Payload, claimed: bool,
-                 owns: bool) -> None:
+                 owns: bool, *, replica: str | None = None) -> None:
         """A worker thread's event-aware warm: the slow server's ids, the ledger, the decision, the send."""
         residency = self.residency
         assert residency is not None
@@ -339,14 +345,14 @@ class WarmAhead:
                 residency.record_warm(ids, exact, sent_at, response)
                 residency.settle(ids)
         except Exception as exc:  # a warm never raises into anyone
-            self._failed(exc)
+            self._failed(exc, replica)
         finally:
             self._release(lease)
             if owns:
                 residency.busy.release()
 
     async def _achecked(self, send: Callable[[], Awaitable[Any]], lease: Lease | None, payload: Payload,
-                        claimed: bool, owns: bool) -> None:
+                        claimed: bool, owns: bool, *, replica: str | None = None) -> None:
         """The async twin of :meth:`_checked` (``/tokenize`` and the claim are awaited)."""
         residency = self.residency
         assert residency is not None
@@ -362,8 +368,8 @@ class WarmAhead:
                 residency.record_warm(ids, exact, sent_at, response)
                 await residency.asettle(ids)
         except Exception as exc:  # a warm never raises into anyone
-            await self._aeject(exc)
-            self._failed(exc, eject=False)
+            await self._aeject(exc, replica)
+            self._failed(exc)
         finally:
             await self._arelease(lease)
             if owns:
@@ -373,7 +379,7 @@ class WarmAhead:
         """Count a skip (and take a resident prompt as this session's warmed prefix)."""
         if outcome == "skip_resident":
             self._stats.add("warm_skipped_resident")
-            emit("warm_skipped_resident", session=self._session_id, tenant=self._tenant, replica=self.replica)
+            emit("warm_skipped_resident", session=self._session_id, tenant=self._tenant, replica=self._shown_replica)
             assert self.residency is not None
             self.residency.remember(ids)
         return outcome
@@ -408,22 +414,23 @@ class WarmAhead:
         self._stats.add(_EVENT_COUNTERS[outcome])
         self._stats.add("warm_completed")
         self.warmed = payload
-        emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant, replica=self.replica)
+        emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant, replica=self._shown_replica)
 
-    def _down(self, exc: BaseException) -> str | None:
-        """The pool replica this warm found down (its error is an outage), else None."""
-        replica = self.replica
-        return replica if replica is not None and self.ejections is not None and outage_cause(exc) is not None else None
+    def _down(self, exc: BaseException, replica: str | None) -> str | None:
+        """``replica`` (the pool replica the warm went to) when its error says it is down (an outage; a slow answer,
+        a timeout, is not one), else None."""
+        return replica if replica is not None and self.ejections is not None and is_outage(exc) else None
 
-    async def _aeject(self, exc: BaseException) -> None:
-        replica = self._down(exc)
-        if replica is not None and self.ejections is not None:
-            await self.ejections.amark(replica, self.cooloff_s)
+    async def _aeject(self, exc: BaseException, replica: str | None) -> None:
+        down = self._down(exc, replica)
+        if down is not None and self.ejections is not None:
+            await self.ejections.amark(down, self.cooloff_s)
 
-    def _failed(self, exc: BaseException, *, eject: bool = True) -> None:
-        replica = self._down(exc) if eject else None
-        if replica is not None and self.ejections is not None:
-            self.ejections.mark(replica, self.cooloff_s)  # found down by its warm: the next turn moves, and re-warms
+    def _failed(self, exc: BaseException, replica: str | None = None) -> None:
+        """Count a warm that failed; ``replica``: the pool replica it went to (ejected when found down)."""
+        down = self._down(exc, replica)
+        if down is not None and self.ejections is not None:
+            self.ejections.mark(down, self.cooloff_s)  # found down by its warm: the next turn moves, and re-warms
         self._stats.add("warm_failed")
         emit("warm_failed", level="warning", error=type(exc).__name__,
              status_code=getattr(exc, "status_code", None), session=self._session_id, tenant=self._tenant)

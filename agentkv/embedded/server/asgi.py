@@ -24,6 +24,7 @@ from agentkv.embedded.engine.limits import error_body
 from agentkv.embedded.server import protocol, routes
 from agentkv.embedded.server.bounds import declared_too_large, http_error
 from agentkv.embedded.server.served import Served
+from agentkv.backends import redact_secrets
 
 __all__ = ["Hosting", "app"]
 
@@ -89,7 +90,7 @@ def app(served: Hosting) -> Any:
             return refuse(path, 408, f"The request body was not received within {served.client_timeout_s:g} s.")
         loop = asyncio.get_running_loop()
         content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
-        logged = dict(request.headers) if served.logs_requests else None
+        logged = redact_secrets(dict(request.headers)) if served.logs_requests else None  # never a credential
         reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
                                            request.url.path, raw, content_type, logged)
         headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
