@@ -15,7 +15,8 @@ Printed per mode, side by side:
 - requests per replica, max ÷ min, slow tier (and fast tier).
 
 The modes: ``plain`` (a round-robin balancer written here: what a Kubernetes Service does), the vLLM router with
-``round_robin``, ``consistent_hash`` and ``cache_aware`` (the router sees agentkv's routing key in X-Session-ID), and
+``round_robin``, ``consistent_hash``, ``cache_aware`` and ``sticky_least_loaded`` (the router sees agentkv's routing key
+in X-Session-ID), and
 ``pool`` (agentkv's own: ``Backend(api_base=[...])``, no router).
 
     python benchmarks/fleet.py                          # 2 fast + 3 slow replicas, 9 conversations per mode
@@ -206,7 +207,7 @@ def main() -> None:
     parser.add_argument("--fast-replicas", type=int, default=2)
     parser.add_argument("--slow-replicas", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=9)
-    parser.add_argument("--modes", default="plain,round_robin,consistent_hash,cache_aware,pool")
+    parser.add_argument("--modes", default="plain,round_robin,consistent_hash,cache_aware,sticky_least_loaded,pool")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     from agentkv.vllm_launch import VLLMRouter, VLLMServer, ensure_models, ensure_router, ensure_venv, start_all

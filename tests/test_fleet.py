@@ -513,7 +513,7 @@ def test_a_pool_replica_retries_what_it_would_not_fail_over():
     for error, tries in ((httpx.ConnectError("refused"), 1), (httpx.ReadTimeout("slow"), 3)):
         calls = []
 
-        def fail(error=error):
+        def fail(error=error, calls=calls):
             calls.append(1)
             raise error
 

@@ -118,7 +118,7 @@ def report(mode, shares, per_replica):
           f"slow requests per replica {[r for r, _ in per_replica]}, prompt tokens {[t for _, t in per_replica]}")
 
 
-@pytest.mark.parametrize("policy", ["consistent_hash", "round_robin", "cache_aware"])
+@pytest.mark.parametrize("policy", ["consistent_hash", "round_robin", "cache_aware", "sticky_least_loaded"])
 def test_behind_the_vllm_router(policy, vllm_fast, replicas, router_executable):
     """Behind the vLLM router: ``consistent_hash`` keeps each conversation's warm and escalation on one replica (the
     routing key in X-Session-ID), and so does a caller's own X-Session-ID now that the warm carries it; the other
