@@ -42,7 +42,8 @@ def headline(warm: DemoRun, cold: DemoRun) -> str:
 
 
 def plot(warm: DemoRun, cold: DemoRun, config: DemoConfig, path: Path) -> Path:
-    """Tokens per turn with the 60% and 100% lines, and time-to-first-token bars for both runs."""
+    """Tokens per turn with the 60% line, the line where routing leaves fast (its window less the output floor the
+    route keeps free) and the window, and time-to-first-token bars for both runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,6 +53,11 @@ def plot(warm: DemoRun, cold: DemoRun, config: DemoConfig, path: Path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     top.plot(turns, [r.input_tokens for r in warm.rows], marker="o", label="input tokens")
     top.axhline(0.6 * config.fast_window, color="orange", linestyle="--", label="60% of fast window (warm-ahead)")
+    from agentkv import RoutePolicy
+
+    leaves = config.fast_window - RoutePolicy().output_floor
+    top.axhline(leaves, color="purple", linestyle="-.", label=f"routing leaves fast ({config.fast_window} window − "
+                f"{RoutePolicy().output_floor} output floor)")
     top.axhline(config.fast_window, color="red", linestyle="--", label="fast window")
     top.set_ylabel("tokens")
     top.legend(loc="upper left")

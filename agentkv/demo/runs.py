@@ -93,7 +93,7 @@ def run_both(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun]
     say(f"starting fast ({sizes[0]}, window {config.fast_window}) and slow ({sizes[1]}, "
         f"window {config.slow_window}) servers on 127.0.0.1 ...")
     with _pair(config) as (fast, slow):
-        _warm_up_kernels(fast, slow)
+        _warm_up_kernels(fast, slow, _demo_tools(config))
         say("run 1: warm-ahead on")
         warm = _run(config, fast, slow, "warm-ahead", tenant="demo-warm", warm=True)
         say("run 2: cold (warm-ahead off, another tenant's salt)")
@@ -112,7 +112,7 @@ def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun
     from agentkv.warm import CooldownMap
 
     with _pair(config, kv_events=True) as (fast, slow):
-        _warm_up_kernels(fast, slow)
+        _warm_up_kernels(fast, slow, _demo_tools(config))
         fast_backend, plain = _backends(fast, slow)
         followed = replace(plain, kv_events=slow.kv_events.endpoint, kv_events_replay=slow.kv_events.replay_endpoint)
         with CacheLedger([followed]) as ledger:
@@ -206,16 +206,29 @@ def _backends(fast: Any, slow: Any) -> tuple[Any, Any]:
             Backend(f"hosted_vllm/{slow.model_id}", api_base=slow.api_base, name="slow"))
 
 
-def _warm_up_kernels(fast: Any, slow: Any) -> None:
-    """One unrelated request per server, so first-call costs (imports, kernels) stay out of the table."""
+def _demo_tools(config: DemoConfig) -> list[dict[str, Any]]:
+    from agentkv.demo.script import TOOLS
+
+    return list(TOOLS[: config.tools])
+
+
+def _warm_up_kernels(fast: Any, slow: Any, tools: list[dict[str, Any]] | None = None) -> None:
+    """Unrelated requests to each server shaped like the demo's (tools, a stream, a prompt of some length) under a
+    salt of their own, so first-call costs (imports, kernels, a real vLLM's first tool-call parse and first long
+    prefill) stay out of both runs' tables alike."""
     from agentkv._env import import_litellm
 
     litellm = import_litellm()
     litellm.suppress_debug_info = True
+    filler = "kernel warm-up, unrelated to the demo. " * 60
     for server in (fast, slow):
-        litellm.completion(model=f"hosted_vllm/{server.model_id}", api_base=server.api_base, max_tokens=1,
-                           messages=[{"role": "user", "content": "kernel warm-up, unrelated to the demo"}],
-                           extra_body={"cache_salt": "warm-up"})
+        for stream in (False, True):
+            answer = litellm.completion(model=f"hosted_vllm/{server.model_id}", api_base=server.api_base, max_tokens=2,
+                                        messages=[{"role": "user", "content": filler}], tools=tools or None,
+                                        stream=stream, extra_body={"cache_salt": f"warm-up-{stream}"})
+            if stream:
+                for _ in answer:
+                    pass
 
 
 def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, warm: bool) -> DemoRun:
