@@ -349,7 +349,7 @@ def test_the_openai_transport_keys_its_tries_and_forwards_the_clients_headers_to
     assert len(used) == 1
     warm, escalation = chats(used[0])[:2]
     assert warm.body["max_tokens"] == 1 and warm.headers.get("x-team") == "search"
-    assert "authorization" not in warm.headers and escalation.headers.get("authorization") == "Bearer sk-client"
+    assert "authorization" not in warm.headers and escalation.headers.get("authorization") == "<redacted>"  # logged so
     assert {r.headers.get(KEY_HEADER) for r in chats(used[0])} == {s.routing_key}
 
 

@@ -28,7 +28,7 @@ LAYERS = [
     ["agentkv.embedded", "agentkv.cache_ledger", "agentkv.protocols", "agentkv.wire", "agentkv.state"],
     ["agentkv.tokens", "agentkv.routing", "agentkv.tenancy", "agentkv.fleet", "agentkv.stats", "agentkv.retry", "agentkv.prefix",
      "agentkv.toolschema"],
-    ["agentkv.backends", "agentkv.overflow"],
+    ["agentkv.backends", "agentkv.overflow", "agentkv.telemetry"],
     ["agentkv._http", "agentkv.events"],
     ["agentkv._http_deadline", "agentkv._defaults", "agentkv._env", "agentkv._lazy", "agentkv._build", "agentkv._renamed",
      "agentkv.errors"],

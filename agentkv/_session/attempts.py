@@ -48,6 +48,8 @@ class Attempt:
     turn: TurnTries = field(default_factory=TurnTries)  # shared by every try of one turn (``replace`` keeps it)
     routing_key: str | None = field(default=None, repr=False)  # the conversation's key, on every request it sends
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # a raw request's own headers (its warm's)
+    span: Any = field(default=None, repr=False, compare=False)  # the turn's OpenTelemetry span (None: not recorded)
+    span_started: float | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         """The fields but the salt, with credentials in the caller's kwargs redacted (``api_key``, headers, URLs)."""

@@ -23,6 +23,8 @@ from agentkv._session.decide import Answered, Failed, FailOver, Finish, GiveUp, 
 from agentkv._session.reactive import fail_over, recover
 from agentkv._session.state import SessionState
 from agentkv.retry import RetryPolicy
+from agentkv.telemetry import turns
+from agentkv.telemetry.otel import ended
 
 __all__ = ["TurnEnd", "arun", "run"]
 
@@ -56,6 +58,7 @@ def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *
         if isinstance(action, Finish):
             return TurnEnd(attempt, answer=action.value)
         if isinstance(action, GiveUp):
+            turns.failed(attempt, action.error)
             return TurnEnd(attempt, error=action.error)
         if isinstance(action, HandOff):
             steps.hand_off(session, attempt)
@@ -71,6 +74,7 @@ def run(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T], *
                 steps.eject(session, attempt, action.error)
                 attempt = fail_over(session, attempt, action.error, steps.facts(session))
         except Exception as final:  # no backend takes the turn: what the recovery raised is its answer
+            turns.failed(attempt, final)
             return TurnEnd(attempt, error=final)
         outcome = None
 
@@ -85,6 +89,7 @@ async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt]
         if isinstance(action, Finish):
             return TurnEnd(attempt, answer=action.value)
         if isinstance(action, GiveUp):
+            turns.failed(attempt, action.error)
             return TurnEnd(attempt, error=action.error)
         if isinstance(action, HandOff):
             await asyncio.to_thread(steps.hand_off, session, attempt)
@@ -100,6 +105,7 @@ async def arun(session: SessionState, attempt: Attempt, send: Callable[[Attempt]
                 await steps.aeject(session, attempt, action.error)
                 attempt = fail_over(session, attempt, action.error, await steps.afacts(session))
         except Exception as final:
+            turns.failed(attempt, final)
             return TurnEnd(attempt, error=final)
         outcome = None
 
@@ -110,7 +116,14 @@ def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T]
 
     def once() -> T:
         attempt.turn.sent[role] += 1
-        return send(attempt)
+        span = turns.try_span(attempt)
+        try:
+            answer = send(attempt)
+        except BaseException as error:
+            ended(span, error=error)
+            raise
+        ended(span)
+        return answer
 
     try:
         return Answered(policy.call(once, attempts=attempt.turn.left(role, policy.attempts),
@@ -125,7 +138,14 @@ async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attem
 
     async def once() -> T:
         attempt.turn.sent[role] += 1
-        return await send(attempt)
+        span = turns.try_span(attempt)
+        try:
+            answer = await send(attempt)
+        except BaseException as error:
+            ended(span, error=error)
+            raise
+        ended(span)
+        return answer
 
     try:
         return Answered(await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts),

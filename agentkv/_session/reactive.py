@@ -21,6 +21,7 @@ from agentkv.fleet import choose
 from agentkv.overflow import Overflow
 from agentkv.retry import outage_cause
 from agentkv.routing import Target, after_recovery, failover, plan_recovery
+from agentkv.telemetry import turns
 from agentkv.tokens import TokenCount
 
 __all__ = ["fail_over", "recover"]
@@ -58,6 +59,7 @@ def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overf
         ) from error
     s._stats.add("reactive_fallbacks")
     attempt.turn.recoveries += 1
+    turns.recovered(attempt, action=plan.action, variant=overflow.variant)
     fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
         if attempt.decision.role == "fast" else facts.fast
     decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=s.routing,
@@ -87,6 +89,7 @@ def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts)
         raise error
     s._stats.add("failovers")
     attempt.turn.failovers += 1
+    turns.failed_over(attempt, error=error, to=decision.backend, replica=False)
     emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
          status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
          session=s.session_id, tenant=s.tenant)
@@ -109,6 +112,7 @@ def _next_replica(s: SessionState, attempt: Attempt, facts: Facts) -> Backend | 
 def _moved(s: SessionState, attempt: Attempt, error: Exception, replica: Backend) -> Attempt:
     """The same try on the conversation's next replica: the same route and budget, no tier change."""
     s._stats.add("replica_failovers")
+    turns.failed_over(attempt, error=error, to=replica.label, replica=True)
     emit("replica_failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
          backend=attempt.backend.label, failed=redact_url(attempt.backend.api_base or ""),
          to=redact_url(replica.api_base or ""), session=s.session_id,

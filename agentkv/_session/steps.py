@@ -22,6 +22,8 @@ from agentkv.events import emit, enabled, prompt_fields
 from agentkv.fleet import HOME_IDLE_S, HOME_SLACK, affinity_missed, pool_window, routing_headers
 from agentkv.retry import is_outage, outage_cause
 from agentkv.state import StateUnavailable
+from agentkv.telemetry import turns
+from agentkv.telemetry.otel import ended
 from agentkv.routing import RouteDecision, decide_route, interval_decides, is_escalation
 from agentkv.tenancy import screen_caller_salts
 from agentkv.tokens import Payload, TokenCount
@@ -163,9 +165,12 @@ def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: Tok
     if decision.note:
         s._stats.add("catalog_refusals")
     log_route(s, decision, counted)
-    return Attempt(decision, s._addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
-                   timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt,
-                   routing_key=s.routing_key, headers=headers or {})
+    attempt = Attempt(decision, s._addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
+                      timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt,
+                      routing_key=s.routing_key, headers=headers or {})
+    turns.planned(attempt, tenant=s.tenant, conversation=s.routing_key, warm_span=s._warm.span,
+                  escalation=is_escalation(s._record.previous_role, decision))
+    return attempt
 
 
 def log_route(s: SessionState, decision: RouteDecision, counted: TokenCount) -> None:
@@ -202,9 +207,12 @@ def hand_off(s: SessionState, attempt: Attempt) -> None:
     attempt.handed_off = True
     previous = s._history[-2] if len(s._history) > 1 else None  # what fast last served: cheap to export
     fast = s._addressed("fast")
+    span = turns.handoff_span(attempt)
     outcome = s.handoff.at_escalation(fast, attempt.backend, attempt.payload, s.cache_salt, attempt=attempt,
                                       previous=previous, warm=s._warm, http=s.http,
                                       headers=routing_headers(fast, s.routing_key))
+    ended(span, attributes={"agentkv.handoff.mapped_tokens": outcome.mapped_tokens,
+                            "agentkv.handoff.fallback": outcome.fallback})
     s._stats.add("mapped_tokens", outcome.mapped_tokens)
     s._stats.add("handoff_fallbacks", int(outcome.fallback))
 
@@ -213,7 +221,7 @@ def finish(s: SessionState, attempt: Attempt, response: Any, *, asynchronous: bo
     """Record the answered ``attempt``: stats, the ledger row, the escalation, its import, its cached tokens."""
     s.handoff.answered(attempt.handoff_export, response, s._stats)  # what slow loaded for the import named
     escalation = is_escalation(s._record.previous_role, attempt.decision)
-    warmed = s._warm.warmed
+    warmed, warm_tokens = s._warm.warmed, s._warm.warmed_tokens
     expected = _expected_prefix(s, attempt, escalation)
     prediction = _predict(s, attempt, asynchronous)
 
@@ -221,6 +229,7 @@ def finish(s: SessionState, attempt: Attempt, response: Any, *, asynchronous: bo
         if prediction is not None:
             prediction.reported(usage.cached_tokens)
         _answered_usage(s, attempt, usage, expected)
+        turns.answered(attempt, usage, escalation=escalation, warm_tokens=warm_tokens if warmed is not None else None)
 
     result = s._record.finish(attempt, response, escalation=escalation, after_warm=warmed is not None,
                               on_usage=on_usage, pooled=attempt.backend.label in s.replicas)
@@ -281,6 +290,7 @@ def maybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
         attempt.warm = s._warm.consider(attempt.payload, **_warm_inputs(s, attempt, known))
         _send_warm(s, attempt, slow, asynchronous=False)
         _check_warm_replica(s, attempt, slow, asynchronous=False)
+        turns.warmed(attempt)
 
 
 async def amaybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
@@ -290,6 +300,7 @@ async def amaybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
         attempt.warm = await s._warm.aconsider(attempt.payload, **_warm_inputs(s, attempt, known))
         _send_warm(s, attempt, slow, asynchronous=True)
         _check_warm_replica(s, attempt, slow, asynchronous=True)
+        turns.warmed(attempt)
 
 
 def _check_warm_replica(s: SessionState, attempt: Attempt, slow: Backend, *, asynchronous: bool) -> None:
@@ -354,6 +365,7 @@ def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: b
         return
     text = attempt.text  # a text completion warms ``/completions`` with its prompt
     url = raw_warm_target(slow, text=text)
+    trace = None if attempt.span is None else (attempt.span, turns.warm_attributes(slow, attempt.count.total))
     try:
         if url is None and text:
             raise ValueError("a text completion is warmed only by a raw POST to a self-hosted slow backend")
@@ -362,14 +374,14 @@ def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: b
                              keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
             caller = attempt.headers if attempt.raw else attempt.kwargs.get("extra_headers")
             headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
-            (s._warm.apost if asynchronous else s._warm.post)(url, body, s.http, headers)
+            (s._warm.apost if asynchronous else s._warm.post)(url, body, s.http, headers, trace)
             return
         call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
                            keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
     except Exception as exc:  # building a warm never raises into the caller
         s._warm.abandon(exc)
         return
-    (s._warm.asend if asynchronous else s._warm.send)(call, s.client)
+    (s._warm.asend if asynchronous else s._warm.send)(call, s.client, trace)
 
 
 # ----------------------------------------------------------------- a pool's replica found down

@@ -27,6 +27,7 @@ from agentkv.errors import ConfigurationError
 from agentkv.retry import is_outage
 from agentkv.events import emit
 from agentkv.stats import SessionStats
+from agentkv.telemetry.otel import atraced, traced
 from agentkv.tokens import Payload
 from agentkv.tokens.payload import detached
 from agentkv.state.ejections import DEFAULT_COOLOFF_S, Ejections
@@ -43,6 +44,9 @@ _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
 _EVENT_SEP = "\x00"  # no tenant name holds it, so no tenant's cooldown map is another's event namespace
+
+
+WarmTrace = tuple[Any, dict[str, Any]]  # the turn's span (the warm's parent) and the warm span's attributes
 
 
 def _checked_clock(clock: Callable[[], float]) -> Callable[[], float]:
@@ -162,6 +166,7 @@ class WarmAhead:
         self.residency: SlowResidency | None = None
         self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
         self._events_claimed = 0
+        self.span: Any = None  # the last warm's OpenTelemetry span (the escalation's link), None when not recorded
         self.replica: str | None = None  # the pool replica warms go to (a pool's slow backend), None otherwise
         self.ejections: Ejections | None = None  # where a replica found down by a warm is marked (a pool's)
         self.cooloff_s = DEFAULT_COOLOFF_S
@@ -269,21 +274,41 @@ class WarmAhead:
         except StateUnavailable:
             pass  # the lease expires on its own
 
-    def send(self, call: dict[str, Any], client: Any) -> None:
-        """Send ``call`` through ``client.completion`` on a daemon worker thread."""
-        self._on_thread(lambda: client.completion(**call))
+    def send(self, call: dict[str, Any], client: Any, trace: WarmTrace | None = None) -> None:
+        """Send ``call`` through ``client.completion`` on a daemon worker thread (in a span when ``trace`` is given:
+        the turn's span, the warm span's attributes)."""
+        self._on_thread(self._traced(lambda: client.completion(**call), trace))
 
-    def asend(self, call: dict[str, Any], client: Any) -> None:
+    def asend(self, call: dict[str, Any], client: Any, trace: WarmTrace | None = None) -> None:
         """Send ``call`` through ``client.acompletion`` as a task bounded by the policy's timeout."""
-        self._as_task(lambda: client.acompletion(**call))
+        self._as_task(self._atraced(lambda: client.acompletion(**call), trace))
 
-    def post(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None) -> None:
+    def post(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None,
+             trace: WarmTrace | None = None) -> None:
         """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the HTTP seam on a daemon worker thread."""
-        self._on_thread(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s, headers=headers))
+        self._on_thread(self._traced(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s, headers=headers),
+                                     trace))
 
-    def apost(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None) -> None:
+    def apost(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None,
+              trace: WarmTrace | None = None) -> None:
         """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the async HTTP seam, as a task."""
-        self._as_task(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s, headers=headers))
+        self._as_task(self._atraced(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s,
+                                                            headers=headers), trace))
+
+    def _kept(self, span: Any) -> None:
+        self.span = span
+
+    def _traced(self, send: Callable[[], Any], trace: WarmTrace | None) -> Callable[[], Any]:
+        if trace is None:
+            return send
+        model = trace[1].get("gen_ai.request.model")
+        return traced(send, trace[0], f"agentkv.warm {model}", trace[1], on_start=self._kept)
+
+    def _atraced(self, send: Callable[[], Awaitable[Any]], trace: WarmTrace | None) -> Callable[[], Awaitable[Any]]:
+        if trace is None:
+            return send
+        model = trace[1].get("gen_ai.request.model")
+        return atraced(send, trace[0], f"agentkv.warm {model}", trace[1], on_start=self._kept)
 
     def _on_thread(self, send: Callable[[], Any]) -> None:
         lease, replica = self._take_lease(), self.replica  # the replica this warm goes to, whatever comes next

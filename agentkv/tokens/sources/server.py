@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import threading
 from typing import Any, Mapping
 
@@ -16,6 +18,7 @@ from agentkv.backends import Backend
 from agentkv.events import digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount
+from agentkv.telemetry.otel import ended, span_in
 
 __all__ = ["DEFAULT_TOKENIZE_TIMEOUT_S", "ServerSource"]
 
@@ -73,12 +76,16 @@ class ServerSource:
         if cached is not None:
             return cached
         self._admit()
+        span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
         try:
             answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s)
         except HttpError as exc:
+            ended(span, error=exc)
             raise self._unavailable(exc) from exc
         self.breaker.succeeded()
-        return self._remember(key, self._checked(answer))
+        found = self._remember(key, self._checked(answer))
+        ended(span, attributes={"agentkv.tokens.exact": found.get("count")})
+        return found
 
     async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """:meth:`tokenize` over async HTTP, sharing the same cache."""
@@ -86,12 +93,20 @@ class ServerSource:
         if cached is not None:
             return cached
         self._admit()
+        span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
         try:
             answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s)
         except HttpError as exc:
+            ended(span, error=exc)
             raise self._unavailable(exc) from exc
         self.breaker.succeeded()
-        return self._remember(key, self._checked(answer))
+        found = self._remember(key, self._checked(answer))
+        ended(span, attributes={"agentkv.tokens.exact": found.get("count")})
+        return found
+
+    def _span_attributes(self) -> dict[str, Any]:
+        """A count call's span: the source and the server asked (its path only)."""
+        return {"agentkv.count.source": "server", "url.path": urlsplit(self._url).path}
 
     def count(self, payload: Payload) -> TokenCount:
         total = self.tokenize(self.request_body(payload))["count"]
