@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("agentkv.handoff.offline.cli", "benchmarks: `agentkv bench handoff`"),
     "train-family": ("agentkv.embedded.family.cli", "train a small/large model family on the Python stdlib (CPU)"),
     "gateway": ("agentkv.gateway.cli", "an OpenAI-compatible gateway routing between a fast and a slow backend"),
+    "report": ("agentkv.report.cli", "draw a conversation's life from its ledger (Session.write_ledger) as a PNG"),
 }
 
 

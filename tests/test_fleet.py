@@ -99,7 +99,8 @@ def test_a_home_is_kept_while_active_and_forgotten_when_idle():
 
 
 def test_ejections_expire_and_are_read_from_the_store():
-    """A mark holds for its cool-off and ends; another process's mark (the store's) is seen within ``refresh_s``."""
+    """A mark holds for its cool-off; another process's mark (the store's) is seen within ``refresh_s`` and ends with
+    it; this process's own stays out, on probation, until a health check confirms the replica up."""
     clock = FakeClock()
     store = InProcessStore(clock=clock)
     mine, theirs = Ejections(store, clock=clock), Ejections(store, refresh_s=1.0, clock=clock)
@@ -110,7 +111,10 @@ def test_ejections_expire_and_are_read_from_the_store():
     clock.advance(1.5)
     assert theirs.down(["u1", "u2"]) == {"u1"}
     clock.advance(10)
-    assert mine.down(["u1", "u2"]) == frozenset() and theirs.down(["u1", "u2"]) == frozenset()
+    assert theirs.down(["u1", "u2"]) == frozenset()  # the store's mark ended
+    assert mine.down(["u1", "u2"]) == {"u1"} and mine.on_probation(["u1", "u2"]) == ["u1"]  # until a check says up
+    mine.confirm("u1")
+    assert mine.down(["u1", "u2"]) == frozenset() and mine.on_probation(["u1"]) == []
 
 
 def test_affinity_miss_needs_a_real_prefix_and_a_real_shortfall():

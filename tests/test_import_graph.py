@@ -25,7 +25,7 @@ LAYERS = [
     ["agentkv._session"],
     ["agentkv.react", "agentkv.vllm_plugin", "agentkv.vllm_launch"],
     ["agentkv.handoff", "agentkv.warm", "agentkv.discovery"],
-    ["agentkv.embedded", "agentkv.cache_ledger", "agentkv.protocols", "agentkv.wire", "agentkv.state"],
+    ["agentkv.embedded", "agentkv.cache_ledger", "agentkv.protocols", "agentkv.wire", "agentkv.state", "agentkv.report"],
     ["agentkv.tokens", "agentkv.routing", "agentkv.tenancy", "agentkv.fleet", "agentkv.stats", "agentkv.retry", "agentkv.prefix",
      "agentkv.toolschema"],
     ["agentkv.backends", "agentkv.overflow", "agentkv.telemetry"],

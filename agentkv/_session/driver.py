@@ -17,6 +17,8 @@ top, each a few lines over functions of that state. One request, in the order it
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from agentkv._session import outside, steps
@@ -274,6 +276,15 @@ class Session(SessionState):
         """One row per request (the latest ``ledger_rows`` of them when bounded): tokens, the tool schemas' share,
         count source, route, warm-ahead, cached tokens."""
         return self._record.ledger
+
+    def write_ledger(self, path: str | Path) -> Path:
+        """Write :attr:`ledger` (and fast's window, the output floor and the warm-ahead threshold) to ``path`` as JSON
+        lines, for ``agentkv report`` (:mod:`agentkv.report`): sizes, routes and cache figures, no prompt text."""
+        from agentkv.report import write_ledger
+
+        threshold = self.warm_ahead.threshold if self.slow is not None else None
+        return write_ledger(path, self.ledger, fast_window=steps.facts(self).fast.window,
+                            output_floor=self.routing.output_floor, warm_threshold=threshold)
 
     def stats(self) -> dict[str, Any]:
         """Plain dict of counters: requests per backend, routes, clamps, fallbacks, warms, cached tokens."""

@@ -40,6 +40,8 @@ def facts(s: SessionState) -> Facts:
     """The backends' windows and served models, as discovered now (cached, single flight; a pool's per replica,
     the smallest used), and which pooled replicas are cooling off."""
     down = s.ejections.down(s.pooled) if s.pooled else frozenset()
+    if down:
+        _probe_probation(s, asynchronous=False)
     fast = _pooled(s, s.fast, [s.discovery.window(b, model_known=False) for b in s._members(s.fast, down)])
     slow = None if s.slow is None else _pooled(s, s.slow, [s.discovery.window(b) for b in s._members(s.slow, down)])
     if not s.pooled:
@@ -56,6 +58,8 @@ def facts(s: SessionState) -> Facts:
 
 async def afacts(s: SessionState) -> Facts:
     down = await s.ejections.adown(s.pooled) if s.pooled else frozenset()
+    if down:
+        _probe_probation(s, asynchronous=True)
     fast = _pooled(s, s.fast, [await s.discovery.awindow(b, model_known=False) for b in s._members(s.fast, down)])
     slow = None if s.slow is None else _pooled(
         s, s.slow, [await s.discovery.awindow(b) for b in s._members(s.slow, down)])
@@ -307,12 +311,25 @@ def _check_warm_replica(s: SessionState, attempt: Attempt, slow: Backend, *, asy
     """A conversation warmed on a pool's replica and still on fast: check, in the background and at most every few
     seconds per replica, that the replica is up (``/health``), so that one gone down is ejected and the conversation
     warmed again on its next replica before it escalates, not found cold at the escalation."""
-    root = slow.server_root
-    if attempt.warm != "cooldown" or s._warm.replica is None or root is None or attempt.decision.role != "fast":
+    if attempt.warm != "cooldown" or s._warm.replica is None or attempt.decision.role != "fast":
         return
-    if not s.ejections.probe_due(s._warm.replica):
+    _probe(s, s._warm.replica, slow.server_root, asynchronous=asynchronous)
+
+
+def _probe_probation(s: SessionState, *, asynchronous: bool) -> None:
+    """Check the pooled replicas whose cool-off is over (each at most every few seconds per process): one found up
+    takes traffic again, one still down is ejected again."""
+    for url in s.ejections.on_probation(s.pooled):
+        backend = next((pool[url] for pool in s.replicas.values() if url in pool), None)
+        if backend is not None:
+            _probe(s, url, backend.server_root, asynchronous=asynchronous)
+
+
+def _probe(s: SessionState, replica: str, root: str | None, *, asynchronous: bool) -> None:
+    """``GET {root}/health`` in the background, when due for ``replica``: up confirms it, an outage ejects it."""
+    if root is None or not s.ejections.probe_due(replica):
         return
-    replica, url, cooloff = s._warm.replica, f"{root}/health", s.retry.replica_cooloff_s
+    url, cooloff = f"{root}/health", s.retry.replica_cooloff_s
 
     def probe() -> None:
         try:
@@ -320,6 +337,9 @@ def _check_warm_replica(s: SessionState, attempt: Attempt, slow: Backend, *, asy
         except Exception as error:  # a probe never raises into anyone
             if _probe_outage(error):
                 s.ejections.mark(replica, cooloff)
+            return
+        if s.ejections.on_probation((replica,)):
+            s.ejections.confirm(replica)
 
     async def aprobe() -> None:
         try:
@@ -327,6 +347,9 @@ def _check_warm_replica(s: SessionState, attempt: Attempt, slow: Backend, *, asy
         except Exception as error:
             if _probe_outage(error):
                 await s.ejections.amark(replica, cooloff)
+            return
+        if s.ejections.on_probation((replica,)):
+            s.ejections.confirm(replica)
 
     if asynchronous:
         s._jobs.task(aprobe(), 3.0)

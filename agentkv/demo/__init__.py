@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         config = runs.DemoConfig(**{**config.__dict__, "engine": "vllm", "slow_window": 8192})
     if args.trained:  # the family's template renders no tool schemas: turns are shorter, so allow more of them
         config = runs.DemoConfig(**{**config.__dict__, "trained": args.trained, "max_turns": 24})
+    config = runs.DemoConfig(**{**config.__dict__, "ledger_dir": str(Path(args.out).parent)})
     _quiet_logs()
     from rich.console import Console
 
@@ -53,6 +54,13 @@ def run(args: argparse.Namespace) -> int:
     console.print(headline(warm_run, cold_run))
     path = plot(warm_run, cold_run, config, Path(args.out))
     console.print(f"plot written to {path}")
+    if warm_run.ledger is not None:
+        from agentkv.report import life_of, read_ledger
+        from agentkv.report.plot import draw
+
+        life = draw(life_of(*read_ledger(warm_run.ledger)), Path(args.out).with_name(f"{Path(args.out).stem}-life.png"),
+                    title="the warm-ahead run's conversation")
+        console.print(f"its life, turn by turn: {life} (again with `agentkv report {warm_run.ledger}`)")
     return 0
 
 

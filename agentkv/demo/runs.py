@@ -9,6 +9,8 @@ compares the escalated turn's time to first token in the two runs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
@@ -45,6 +47,7 @@ class DemoRun:
     stats: dict[str, Any] = field(default_factory=dict)
     slow_requests_before_escalation: int = 0  # warms: every request slow served before the escalated turn
     slow_prefill_before_escalation: int = 0  # tokens slow prefilled (prompt minus prefix-cache hits) for them
+    ledger: Path | None = None  # the run's turn ledger, when the config asked for it (agentkv report draws it)
 
     def escalation(self) -> TurnRow | None:
         return next((r for r in self.rows if r.reason in ("proactive", "reactive_escalate")), None)
@@ -80,6 +83,7 @@ class DemoConfig:
     trained: str | None = None  # a family recipe ("micro", "full"): trained models instead of random weights
     engine: str = "embedded"  # "vllm": the real vLLM CPU build (agentkv.vllm_launch) serves the tier's checkpoints
     top_up_tokens: int = 1024  # event-aware runs (run_modes) only
+    ledger_dir: str | None = None  # where each run's turn ledger is written (agentkv-demo-<run>.jsonl), if anywhere
 
     @classmethod
     def quick(cls) -> "DemoConfig":
@@ -254,6 +258,8 @@ def _run(config: DemoConfig, fast: Any, slow: Any, label: str, *, tenant: str, w
             clock.advance(config.think_time_s)  # ... which the cooldown clock is told about
             messages = messages + agent.next_turn()
         result.stats = session.stats()
+        if config.ledger_dir is not None:
+            result.ledger = session.write_ledger(Path(config.ledger_dir) / f"agentkv-demo-{label}.jsonl")
     return result
 
 

@@ -27,12 +27,16 @@ PROBE_EVERY_S = 5.0  # how often a process checks that a replica holding its con
 
 class Ejections:
     """Replicas marked down, per ``store``. ``mark``/``amark`` eject one for ``cooloff_s``; ``down``/``adown`` say
-    which of a pool's replicas are out now."""
+    which of a pool's replicas are out now.
+
+    A replica this process ejected stays out after its cool-off until a health check says it is up
+    (:meth:`on_probation`, :meth:`confirm`; a circuit breaker's half-open state): traffic goes back to a replica that
+    answers, not to one that is still dead."""
 
     def __init__(self, store: StateStore, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = weakref.ref(store)  # weak: ejections_for's map never keeps a store (and its connections) alive
         self.refresh_s, self._clock = refresh_s, clock
-        self._own: dict[str, float] = {}  # replica -> when this process's own mark ends
+        self._own: dict[str, float] = {}  # replica -> when this process's own mark ends (kept until confirmed up)
         self._seen: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}  # pool -> (read at, down then)
         self._probed: dict[str, float] = {}  # replica -> when this process last checked it was up
         self._lock = threading.Lock()
@@ -81,6 +85,19 @@ class Ejections:
         except StateUnavailable:
             pass
 
+    def on_probation(self, pool: Sequence[str]) -> list[str]:
+        """The replicas of ``pool`` this process ejected whose cool-off is over, not yet confirmed up."""
+        now = self._clock()
+        with self._lock:
+            return [replica for replica in pool if replica in self._own and self._own[replica] <= now]
+
+    def confirm(self, replica: str) -> None:
+        """A health check found ``replica`` up: it takes traffic again."""
+        with self._lock:
+            if self._own.pop(replica, None) is not None:
+                self._seen.clear()
+        emit("replica_restored", replica=redact_url(replica))
+
     def _cached(self, pool: tuple[str, ...]) -> frozenset[str] | None:
         now = self._clock()
         with self._lock:
@@ -92,7 +109,7 @@ class Ejections:
     def _remember(self, pool: tuple[str, ...], shared: frozenset[str]) -> frozenset[str]:
         now = self._clock()
         with self._lock:
-            own = frozenset(replica for replica in pool if self._own.get(replica, 0.0) > now)
+            own = frozenset(replica for replica in pool if replica in self._own)  # out, or on probation
             down = own | shared
             if len(self._seen) > 1024:
                 self._seen.clear()

@@ -195,10 +195,14 @@ def test_a_replica_killed_mid_conversation_loses_no_turn(vllm_fast, replicas):
     assert lost == 0
     assert warm_again >= 0.9 * len(moved)
     victim.start()
-    time.sleep(3.5)  # the cool-off ends
+    time.sleep(3.5)  # the cool-off ends: the replica is on probation until a health check finds it up
     back, home = sessions[moved[0]], victim.root + "/v1"
     served_before = back.stats()["replica_requests"].get(home, 0)
-    back.completion(messages=histories[moved[0]][-1], tools=TOOLS8, max_tokens=2)
+    for _ in range(3):  # the first request after the cool-off checks it (in the background); the next goes home
+        back.completion(messages=histories[moved[0]][-1], tools=TOOLS8, max_tokens=2)
+        back.drain_warms(30)
+        if back.stats()["replica_requests"].get(home, 0) > served_before:
+            break
     assert back.ledger[-1].backend == "slow" and back.stats()["replica_requests"].get(home, 0) == served_before + 1
     for s in sessions:
         s.close()
