@@ -204,6 +204,7 @@ def main() -> None:
                   f"bare median {statistics.median(bare) * 1000:6.1f} ms   /tokenize per 100 turns "
                   f"{100 * tokenize / turns:5.1f}   with an instant client {alone * 1000:5.2f} ms")
         replica_choice(api_base, litellm, convos, tools)
+        telemetry_hooks(api_base, litellm, convos, tools)
 
 
 def replica_choice(api_base: str, litellm: Any, convos: list[list[list[dict[str, Any]]]],
@@ -237,6 +238,33 @@ def replica_choice(api_base: str, litellm: Any, convos: list[list[list[dict[str,
     print(f"choosing a replica: {statistics.median(differences) * 1000:+.4f} ms/request in Session.route (paired, "
           f"{len(differences)} turns); whole requests with an instant client: one server {single * 1000:.3f} ms, "
           f"pool of 3 {pooled * 1000:.3f} ms ({(pooled - single) * 1000:+.3f} ms, medians)")
+
+
+def telemetry_hooks(api_base: str, litellm: Any, convos: list[list[list[dict[str, Any]]]],
+                    tools: list[dict[str, Any]], rounds: int = 8) -> None:
+    """What the OpenTelemetry hooks add per request when no SDK is configured (the default): the Session around an
+    instant client with the hooks in place against the same with them removed, alternating, medians side by side."""
+    from agentkv.state import InProcessStore
+    from agentkv.telemetry import turns
+
+    names = ["planned", "warmed", "try_span", "answered", "failed", "recovered", "failed_over", "handoff_span"]
+    kept = {name: getattr(turns, name) for name in names}
+    backend = Backend("hosted_vllm/agentkv-tiny", api_base=api_base, name="fast", window=6144, tokenizer="cl100k_base",
+                      chat_template=CHATML_TOOLS_TEMPLATE)
+    times: dict[str, list[float]] = {"hooks": [], "no hooks": []}
+    try:
+        for _ in range(rounds):
+            for label in times:
+                for name in names:
+                    setattr(turns, name, kept[name] if label == "hooks" else (lambda *a, **k: None))
+                times[label] += session_only(lambda c, h: Session(backend, client=c, http=h, state=InProcessStore()),
+                                             litellm, convos[:2], tools)
+    finally:
+        for name in names:
+            setattr(turns, name, kept[name])
+    on, off = (statistics.median(t) for t in times.values())
+    print(f"telemetry hooks, no SDK: {(on - off) * 1000:+.4f} ms/request (hooks {on * 1000:.3f} ms, none "
+          f"{off * 1000:.3f} ms, medians with an instant client over {len(times['hooks'])} requests each)")
 
 
 if __name__ == "__main__":

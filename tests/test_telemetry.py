@@ -164,6 +164,28 @@ def test_a_failover_is_an_event_on_the_turn_and_its_failed_try_a_span_with_the_e
     assert metric_points(reader)["agentkv.failovers"] == [({"agentkv.failover.kind": "backend"}, 1)]
 
 
+async def test_an_async_failover_is_recorded_alike(fresh, otel):
+    """acompletion over a fast server that is down: the same failover event, error-typed try and counter."""
+    spans, reader = otel
+    dead = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base="http://127.0.0.1:9/v1", name="fast", window=2048)
+    slow = Backend(f"hosted_vllm/{fresh['slow'].model_id}", api_base=fresh["slow"].api_base, name="slow")
+    from agentkv import RetryPolicy
+
+    async def no_sleep(seconds):
+        return None
+
+    async with Session(dead, slow, discovery=WindowDiscovery(), retry=RetryPolicy(asleep=no_sleep),
+                       state=InProcessStore()) as s:
+        await s.acompletion(messages=[{"role": "user", "content": "hello there"}], max_tokens=2)
+    finished = spans.get_finished_spans()
+    turn = next(sp for sp in finished if sp.parent is None and sp.attributes.get("agentkv.route.role"))
+    assert [e.name for e in turn.events] == ["agentkv.failover"]
+    tries = [sp for sp in finished if sp.parent is not None and sp.parent.span_id == turn.context.span_id]
+    assert any(sp.status.status_code is StatusCode.ERROR for sp in tries)
+    assert tries[-1].status.status_code is not StatusCode.ERROR
+    assert metric_points(reader)["agentkv.failovers"] == [({"agentkv.failover.kind": "backend"}, 1)]
+
+
 def test_message_content_is_recorded_only_when_the_conventions_switch_is_on(fresh, otel, monkeypatch):
     """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true puts the messages on the turn's span; off, nothing."""
     spans, _ = otel
