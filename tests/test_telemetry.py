@@ -213,3 +213,83 @@ def test_without_an_sdk_nothing_is_recorded_and_opentelemetry_is_not_imported_by
     code = "import sys, agentkv; from agentkv import Session; print(any(m.startswith('opentelemetry') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "False"
+
+
+def check_framework_tree(spans, app):
+    """Every turn is a child of the application's span; the warm is a child of the turn that fired it; the
+    escalation links to the warm."""
+    finished = spans.get_finished_spans()
+    turns = [sp for sp in finished if sp.attributes.get("agentkv.route.role") and sp.name.startswith("chat ")
+             and sp.parent is not None and sp.parent.span_id == app.context.span_id]
+    assert turns and all(sp.context.trace_id == app.context.trace_id for sp in turns)
+    warm = next(sp for sp in finished if sp.name.startswith("agentkv.warm "))
+    assert warm.parent.span_id in {sp.context.span_id for sp in turns}
+    escalation = next(sp for sp in turns if sp.attributes.get("agentkv.route.escalation"))
+    assert [link.context.span_id for link in escalation.links] == [warm.context.span_id]
+
+
+def langgraph_run(fresh, s):
+    import httpx
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.prebuilt import create_react_agent
+
+    from agentkv.integrations.openai import AgentKVTransport
+    from agentkv.testing import ScriptedTransport
+
+    @tool
+    def lookup(topic: str) -> str:
+        """Look up the fleet's records about a topic."""
+        return f"results for {topic}:\n" + "host sdb latency p99 40 ms, queue depth 3, backlog 9 GiB\n" * 6
+
+    steps = [[("lookup", json.dumps({"topic": f"disk-{i}"}))] for i in range(14)] + ["It was compaction."]
+    transport = AgentKVTransport(s, inner=ScriptedTransport(steps))
+    model = ChatOpenAI(model=fresh["fast"].model_id, base_url=fresh["fast"].api_base, api_key="-", max_tokens=8,
+                       max_retries=0, http_client=httpx.Client(transport=transport))
+    return create_react_agent(model, [lookup]).invoke({"messages": [("user", "Why the latency?")]},
+                                                      {"recursion_limit": 100})
+
+
+def test_under_langgraph_the_turns_join_the_applications_trace(fresh, otel):
+    """A LangGraph agent over ChatOpenAI and the transport, inside the application's own span: every turn is its child
+    (LangGraph runs nodes on its own threads), the warm sits under its turn, the escalation links to the warm."""
+    spans, _ = otel
+    tracer = agentkv.telemetry.otel.tracer()
+    with session(fresh) as s, tracer.start_as_current_span("agent run") as app:
+        result = langgraph_run(fresh, s)
+        assert s.drain_warms(30)
+    assert result["messages"][-1].content == "It was compaction."
+    check_framework_tree(spans, app)
+
+
+async def test_under_the_agents_sdk_the_turns_join_the_applications_trace(fresh, otel):
+    """The OpenAI Agents SDK over the async transport, inside the application's span: the same tree (the warm a task
+    of its own)."""
+    import httpx
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from agentkv.integrations.openai import AsyncAgentKVTransport
+    from agentkv.testing import ScriptedTransport
+
+    set_tracing_disabled(True)
+    spans, _ = otel
+
+    @function_tool
+    def lookup(topic: str) -> str:
+        """Look up the fleet's records about a topic."""
+        return f"results for {topic}:\n" + "host sdb latency p99 40 ms, queue depth 3, backlog 9 GiB\n" * 6
+
+    steps = [[("lookup", json.dumps({"topic": f"disk-{i}"}))] for i in range(14)] + ["It was compaction."]
+    tracer = agentkv.telemetry.otel.tracer()
+    async with session(fresh) as s:
+        transport = AsyncAgentKVTransport(s, inner=ScriptedTransport(steps))
+        client = AsyncOpenAI(base_url=fresh["fast"].api_base, api_key="-", max_retries=0,
+                             http_client=httpx.AsyncClient(transport=transport))
+        agent = Agent(name="sre", instructions="Investigate.", tools=[lookup], model_settings=ModelSettings(max_tokens=8),
+                      model=OpenAIChatCompletionsModel(model=fresh["fast"].model_id, openai_client=client))
+        with tracer.start_as_current_span("agent run") as app:
+            result = await Runner.run(agent, "Why the latency?", max_turns=16)
+        await s.adrain_warms(30)
+    assert result.final_output == "It was compaction."
+    check_framework_tree(spans, app)
