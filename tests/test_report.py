@@ -62,15 +62,53 @@ def test_the_report_draws_a_real_runs_ledger(fresh, tmp_path, capsys):
 
 def test_a_file_that_is_no_ledger_is_refused_naming_what_is_wrong(tmp_path, capsys):
     """Not a ledger, a bad line: exit code 2 and a message naming the file and the line; nothing drawn."""
-    bad = tmp_path / "events.jsonl"
-    bad.write_text(json.dumps({"event": "route"}) + "\n")
+    bad = tmp_path / "other.jsonl"
+    bad.write_text(json.dumps({"rows": []}) + "\n")
     assert main(["report", str(bad), "--out", str(tmp_path / "x.png")]) == 2
     assert "not an agentkv ledger" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+    quiet = tmp_path / "events.jsonl"
+    quiet.write_text(json.dumps({"event": "route"}) + "\n")
+    assert main(["report", str(quiet), "--out", str(tmp_path / "x.png")]) == 2
+    assert "turn_answered events" in capsys.readouterr().err
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"agentkv_ledger": 1, "fast_window": 10, "output_floor": 1,
                                   "warm_threshold": 0.6}) + "\n{oops\n")
-    assert main(["report", str(broken)]) == 2
+    assert main(["report", str(broken), "--out", str(tmp_path / "y.png")]) == 2
     assert "line 2 is not JSON" in capsys.readouterr().err
     with pytest.raises(ValueError, match="line 2 is not a ledger row"):
         broken.write_text(json.dumps({"agentkv_ledger": 1}) + "\n" + json.dumps({"turn": 1}) + "\n")
         read_ledger(broken)
+
+
+def test_the_report_reads_a_json_lines_event_log_of_many_conversations(fresh, tmp_path, capsys):
+    """A JSON-lines log of agentkv's events (what structlog's JSONRenderer writes), two conversations in it: the
+    report draws the longer (or the one ``--session`` names), from its turn_answered and route events alone."""
+    from agentkv.testing import capture_events
+
+    with capture_events() as events:
+        s = conversation(fresh)
+        fresh["session_id"] = "another-conversation"
+        short = conversation_of(fresh, turns=2)
+    log = tmp_path / "agentkv.log"
+    log.write_text("not json: a console line\n" + "".join(json.dumps(e, default=str) + "\n" for e in events))
+    out = tmp_path / "from-log.png"
+    assert main(["report", str(log), "--out", str(out)]) == 0 and png_size(out)[0] == 1200
+    header, rows = read_ledger(log)
+    assert rows == s.ledger and header["session"] == s.session_id
+    assert (header["fast_window"], header["output_floor"]) == (2048, 256)
+    header, rows = read_ledger(log, session=short.session_id)
+    assert rows == short.ledger
+    with pytest.raises(ValueError, match="no turns of session"):
+        read_ledger(log, session="nobody")
+    capsys.readouterr()
+
+
+def conversation_of(fresh, turns):
+    fast = Backend(f"hosted_vllm/{fresh['fast'].model_id}", api_base=fresh["fast"].api_base, name="fast")
+    agent = ScriptedAgent(result_rows=1)
+    msgs = agent.opening()
+    with Session(fast, discovery=fresh["discovery"], session_id=fresh["session_id"]) as s:
+        for _ in range(turns):
+            s.completion(messages=copy.deepcopy(msgs), tools=TOOLS8, max_tokens=2)
+            msgs = msgs + agent.next_turn()
+    return s

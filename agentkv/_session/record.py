@@ -7,14 +7,14 @@ reports its usage). Whether an answered request was the escalation is decided by
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
 from agentkv.wire.usage import StreamWatcher, Usage, response_usage
 from agentkv.errors import check_positive_int
 from agentkv._http import redact_url
-from agentkv.events import emit
+from agentkv.events import emit, enabled
 from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tokens import TokenCount
@@ -27,10 +27,12 @@ class Recorder:
     """One Session's stats and ledger (its latest ``rows`` rows when bounded), and the role of its last answered
     request."""
 
-    def __init__(self, stats: SessionStats, *, rows: int | None = None) -> None:
+    def __init__(self, stats: SessionStats, *, rows: int | None = None, session: str | None = None,
+                 tenant: str | None = None) -> None:
         if rows is not None:
             check_positive_int("Session", "ledger_rows", rows)
         self.stats = stats
+        self._session, self._tenant = session, tenant  # what each turn's event names
         self.ledger: list[LedgerEntry] = []
         self.previous_role: Role | None = None
         self._rows = rows
@@ -101,6 +103,9 @@ class Recorder:
             self.ledger[index] = replace(entry, cached_tokens=cached)
         if escalation and cached is not None:
             self.stats.add("cached_tokens_on_escalation", cached)
+        if enabled("info"):  # the ledger row as an event (sizes only): `agentkv report` reads a log of them
+            emit("turn_answered", session=self._session, tenant=self._tenant,
+                 **asdict(replace(entry, cached_tokens=cached)))
 
     def _count_cached(self, cached: int | None) -> None:
         """A response without ``prompt_tokens_details`` (vLLM without ``--enable-prompt-tokens-details``)

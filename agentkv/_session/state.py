@@ -105,7 +105,7 @@ class SessionState:
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
                                tenant=tenant, clock=clock or time.monotonic)
         self._warm.ejections, self._warm.cooloff_s = self.ejections, retry.replica_cooloff_s
-        self._record = Recorder(self._stats, rows=ledger_rows)
+        self._record = Recorder(self._stats, rows=ledger_rows, session=self.session_id, tenant=tenant)
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self.cache_ledger = ledger
         followed = [b for b in self._members(slow) if ledger.follows(b)] if ledger is not None and slow else []
