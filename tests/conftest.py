@@ -21,6 +21,17 @@ def fresh_estimate_bounds(monkeypatch):
     monkeypatch.setattr("agentkv.tokens.bound._SHARED", {})
 
 
+@pytest.fixture(autouse=True)
+def fresh_count_breakers():
+    """No /tokenize breaker open when a test starts (agentkv.tokens.breaker keeps one per URL per process): a
+    test that really fails to reach 127.0.0.1:9 never leaves the next test's fake source refused."""
+    from agentkv import _defaults
+
+    with _defaults._LOCK:
+        for key in [k for k in _defaults._INSTANCES if isinstance(k, tuple) and k[:1] == ("count_source_breaker",)]:
+            del _defaults._INSTANCES[key]
+
+
 @pytest.fixture(scope="session")
 def servers():
     """Two embedded vLLM-compatible servers (tiny models): fast with a 2048 window, slow with 16384."""
