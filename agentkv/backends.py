@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from agentkv._defaults import shared
 from agentkv._http import redact_url
 from agentkv.errors import ConfigurationError
+from agentkv.providers import PROVIDERS, Provider, check_retention, provider_of
 
 __all__ = ["Backend", "ServerInfo", "WindowInfo", "catalog_window", "parse_models_response", "positive_window",
            "redact_secrets"]
@@ -51,6 +52,12 @@ class Backend:
     ``completion_kwargs`` are extra litellm kwargs sent with every request to this backend; ``kv_events`` (and
     ``kv_events_replay``) name the server's vLLM KV-events endpoints for :class:`agentkv.cache_ledger.CacheLedger`.
 
+    What kind of server it is follows from litellm's provider in ``model`` (:mod:`agentkv.providers`), never from
+    whether ``api_base`` is set: ``anthropic/claude-sonnet-4-5`` behind a company proxy is Anthropic's API, and its
+    requests carry Anthropic's cache marks, not vLLM's ``cache_salt``. ``provider=`` says it where the model string
+    cannot (``"vllm"``, ``"openai"``, ``"anthropic"``, ``"gemini"`` or ``"hosted"``). ``cache_retention`` sets a
+    hosted cache's lifetime and ``explicit_cache`` turns on Gemini's explicit caches (``docs/hosted.md``).
+
     A pool of replicas of one model is ``api_base=[url, url, …]`` (typed: ``replicas=(url, …)``): each conversation
     keeps one replica, moves to its next one while its own is down, and comes back (``docs/fleet.md``). Every request
     of a conversation carries its routing key (an opaque digest) under ``affinity_headers`` (``X-Session-ID``, what
@@ -76,6 +83,10 @@ class Backend:
     affinity_user: bool = False  # also send the routing key as the body's ``user`` (when the caller set none)
     replicas: tuple[str, ...] = ()  # a pool's URLs (``api_base=[...]`` sets it); () for one server
     member_of: str | None = field(default=None, repr=False)  # the pool's label, on a replica made by ``replica()``
+    provider: str | None = None  # the kind of server, when the model string cannot say (agentkv.providers)
+    cache_retention: str | None = None  # a hosted cache's lifetime: Anthropic "5m"/"1h", OpenAI "in_memory"/"24h",
+    #                                     Gemini explicit caches' TTL ("3600s"); None: the provider's default
+    explicit_cache: bool = False  # Gemini: write an explicit cache at the warm, named by later requests
 
     def __post_init__(self) -> None:
         self._pool_from_api_base()
@@ -90,6 +101,12 @@ class Backend:
             raise ConfigurationError(f"Backend.window must be a positive int, got {self.window!r}")
         if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
             raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {self.api_base!r}")
+        if self.provider is not None and self.provider not in PROVIDERS:
+            raise ConfigurationError(f"Backend.provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
+        check_retention(self.provider_kind, self.cache_retention)
+        if not isinstance(self.explicit_cache, bool) or (self.explicit_cache and self.provider_kind != "gemini"):
+            raise ConfigurationError(f"Backend.explicit_cache is a bool for a Gemini backend, got "
+                                     f"{self.explicit_cache!r} for a {self.provider_kind} backend")
 
     def _check_kv_events(self) -> None:
         """ZMQ addresses; a pool's may be a list, one per replica (a tuple is kept)."""
@@ -174,9 +191,20 @@ class Backend:
         return base[: -len("/v1")] if base.endswith("/v1") else base
 
     @property
+    def provider_kind(self) -> Provider:
+        """The kind of server this is (:func:`agentkv.providers.provider_of`): ``"vllm"`` for a self-hosted
+        OpenAI-compatible server, else the hosted provider whose API the model string names."""
+        return provider_of(self.model, self.api_base, self.provider)
+
+    @property
+    def self_hosted(self) -> bool:
+        """A self-hosted OpenAI-compatible server (vLLM's wire: ``/models``, ``/tokenize``, ``cache_salt``)."""
+        return self.provider_kind == "vllm"
+
+    @property
     def is_cloud(self) -> bool:
-        """A litellm provider model with no ``api_base``: it must be in litellm's catalog."""
-        return self.api_base is None
+        """A hosted provider's API (wherever its ``api_base`` points): it must be in litellm's catalog."""
+        return not self.self_hosted
 
     def litellm_kwargs(self) -> dict[str, Any]:
         """The kwargs that address this backend in a litellm call."""

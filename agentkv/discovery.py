@@ -232,7 +232,7 @@ class WindowDiscovery:
         if due:
             self.invalidate(backend)
         with self._lock:
-            if backend.window is not None and backend.api_base is not None:
+            if backend.window is not None and backend.self_hosted:
                 self._contested.add(key)
         emit("window_rediscover", level="warning" if due else "debug", backend=backend.label,
              declared=backend.window, reread=due)
@@ -343,8 +343,8 @@ class WindowDiscovery:
     def _next(self, backend: Backend) -> tuple[str, tuple[str, str], _Flight]:
         """What a lookup does: "answer" from the cache, "wait" for the fetch in flight, or "fetch" as its leader."""
         key = _key(backend)
-        if backend.api_base is None or self._cached(key)[0]:
-            return "answer", key, _NO_FLIGHT  # a cloud backend has no /models: its key is never cached
+        if not backend.self_hosted or self._cached(key)[0]:
+            return "answer", key, _NO_FLIGHT  # a hosted API's /models names no window: never asked
         with self._lock:
             flight = self._flights.get(key)
             if flight is not None:
@@ -401,7 +401,7 @@ class WindowDiscovery:
 
 
 def _needs_server(backend: Backend, model_known: bool) -> bool:
-    return backend.api_base is not None and (backend.window is None or model_known)
+    return backend.self_hosted and (backend.window is None or model_known)
 
 
 def _catalog_open(backend: Backend) -> bool:
@@ -420,7 +420,7 @@ def _needs_catalog(backend: Backend, info: ServerInfo | None, model_known: bool)
 
 def _shares(backend: Backend, model_known: bool) -> bool:
     """Whether the store can add anything: a window to discover or correct, or a listing to read."""
-    return backend.window is None or (model_known and backend.api_base is not None)
+    return backend.window is None or (model_known and backend.self_hosted)
 
 
 def _shared_info(shared: SharedWindow | None) -> ServerInfo | None:

@@ -18,7 +18,12 @@ COUNTERS = (
     "warm_skipped_resident", "warm_rewarm_evicted", "warm_top_up", "warm_skipped_break_even",
     "ledger_predictions", "ledger_predictions_exact", "ledger_predicted_tokens", "ledger_reported_tokens",
     "ledger_predictions_unknown", "server_clamps", "affinity_misses", "replica_failovers",
+    "warm_skipped_below_cache_minimum", "warm_skipped_cost",
+    "cache_write_tokens", "cache_read_tokens", "warm_cache_write_tokens", "escalation_cache_read_tokens",
 )
+DOLLARS = ("cost_usd", "warm_cost_usd", "cache_saved_usd", "escalation_saved_usd")
+"""Money a Session's hosted requests cost and their cache reads saved, priced from litellm's cost map
+(:mod:`agentkv.costs`): every answer's cost, the warms' share of it, and what reads saved (escalations' share)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,12 @@ class SessionStats:
         self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
         self._per_backend: Counter[str] = Counter()
         self._per_replica: Counter[str] = Counter()
+        self._usd: dict[str, float] = {name: 0.0 for name in DOLLARS}
+
+    def add_usd(self, name: str, amount: float) -> None:
+        """Add ``amount`` dollars to the money counter ``name`` (one of :data:`DOLLARS`)."""
+        with self._lock:
+            self._usd[name] += amount
 
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -73,7 +84,9 @@ class SessionStats:
             return self._counts[name]
 
     def snapshot(self) -> dict[str, Any]:
-        """A plain dict: every counter, ``requests`` per backend name and ``replica_requests`` per pool replica."""
+        """A plain dict: every counter, the :data:`DOLLARS`, ``requests`` per backend name and ``replica_requests``
+        per pool replica."""
         with self._lock:
-            return {**dict(self._counts), "requests": dict(self._per_backend),
+            return {**dict(self._counts), **{k: round(v, 9) for k, v in self._usd.items()},
+                    "requests": dict(self._per_backend),
                     "replica_requests": dict(self._per_replica)}

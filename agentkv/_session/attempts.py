@@ -17,6 +17,7 @@ from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_body_salt, with_cache_salt
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.incremental import JsonSnapshot, snapshot
+from agentkv.wire.hosted import hosted_request
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
 # ``cache_salt`` shapes no prompt but the cache group the warm lands in (it goes only where the caller's is kept).
@@ -47,6 +48,7 @@ class Attempt:
     keeps_caller_salt: bool = False  # the caller's own cache_salt may go out (tenancy.keeps_caller_salt)
     turn: TurnTries = field(default_factory=TurnTries)  # shared by every try of one turn (``replace`` keeps it)
     routing_key: str | None = field(default=None, repr=False)  # the conversation's key, on every request it sends
+    cache_end: int | None = None  # messages the conversation's last hosted cache write covered (wire.hosted)
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # a raw request's own headers (its warm's)
     span: Any = field(default=None, repr=False, compare=False)  # the turn's OpenTelemetry span (None: not recorded)
     span_started: float | None = field(default=None, repr=False, compare=False)
@@ -65,14 +67,16 @@ class Attempt:
     def call_kwargs(self) -> dict[str, Any]:
         """The litellm kwargs for this try (the Session's request timeout unless the caller set one)."""
         call = request_kwargs(self.backend, self.kwargs, self.cache_salt, max_tokens=self.decision.max_tokens,
-                              keep_caller_salt=self.keeps_caller_salt, routing_key=self.routing_key)
+                              keep_caller_salt=self.keeps_caller_salt, routing_key=self.routing_key,
+                              cache_end=self.cache_end)
         if self.timeout_s is not None and call.get("timeout") is None:
             call["timeout"] = self.timeout_s
         return call
 
 
 def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None, *, max_tokens: int | None,
-                   keep_caller_salt: bool = False, routing_key: str | None = None) -> dict[str, Any]:
+                   keep_caller_salt: bool = False, routing_key: str | None = None,
+                   cache_end: int | None = None) -> dict[str, Any]:
     """The caller's kwargs addressed to ``backend``; the caller's own objects are never edited.
 
     Messages and tools go whole and in order, as copies (litellm may edit them in place); every other
@@ -80,7 +84,9 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
     clamped it, in every budget key the caller set (vLLM obeys ``max_completion_tokens`` first). The only
     ``cache_salt`` sent is ``salt`` (self-hosted backends only), unless ``keep_caller_salt`` lets the
     caller's own go (:func:`agentkv.tenancy.with_cache_salt`). ``routing_key`` goes in the backend's affinity headers
-    (:func:`agentkv.fleet.with_routing`: a session header the caller set wins).
+    (:func:`agentkv.fleet.with_routing`: a session header the caller set wins). A hosted provider's request carries
+    its cache fields (:func:`agentkv.wire.hosted.hosted_request`; ``cache_end``: the messages the conversation's last
+    cache write covered) and never a ``cache_salt``, which no hosted API takes.
     """
     call = {k: v for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
     for key in ("messages", "tools"):
@@ -91,7 +97,13 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
         keys = [k for k in ("max_tokens", "max_completion_tokens") if kwargs.get(k) is not None] or ["max_tokens"]
         call.update({key: max_tokens for key in keys})
     with_routing(call, backend, routing_key)
-    return with_cache_salt(call, salt if backend.api_base else None, keep_caller=keep_caller_salt)
+    if not backend.self_hosted:
+        call = hosted_request(backend.provider_kind, with_cache_salt(call, None), routing_key=routing_key,
+                              cache_end=cache_end, retention=backend.cache_retention, explicit=backend.explicit_cache)
+        if call.get("extra_body") == {}:  # the salt was all it held: a hosted API refuses what it does not know
+            del call["extra_body"]
+        return call
+    return with_cache_salt(call, salt, keep_caller=keep_caller_salt)
 
 
 def _copied(value: Any) -> Any:
@@ -111,7 +123,9 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
                                   else None)
     if headers:
         shaped["extra_headers"] = headers
-    call = request_kwargs(slow, shaped, salt, max_tokens=1, keep_caller_salt=keep_caller_salt, routing_key=routing_key)
+    messages = shaped.get("messages")
+    call = request_kwargs(slow, shaped, salt, max_tokens=1, keep_caller_salt=keep_caller_salt, routing_key=routing_key,
+                          cache_end=len(messages) if isinstance(messages, (list, tuple)) else None)
     call.update(timeout=timeout_s, **CLIENT_RETRIES_OFF)  # one warm is one request, whatever the client retries
     return call
 
@@ -130,7 +144,7 @@ def raw_warm_target(slow: Backend, *, text: bool = False) -> str | None:
     litellm import and carries exactly the bytes the caller's request will carry.
     """
     provider = slow.model.split("/", 1)[0] if "/" in slow.model else ""
-    if not slow.api_base or slow.api_key or provider not in _RAW_PROVIDERS:
+    if not slow.api_base or not slow.self_hosted or slow.api_key or provider not in _RAW_PROVIDERS:
         return None
     return f"{slow.api_base.rstrip('/')}/{'completions' if text else 'chat/completions'}"
 

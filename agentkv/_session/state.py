@@ -79,7 +79,7 @@ class SessionState:
         self.state = resolve_state(state, cooldowns, in_flight)
         self.discovery = discovery or discovery_for(self.state)
         secret = cache_salt_secret or _env.cache_salt_secret()
-        self.cache_salt = resolve_cache_salt(tenant, cache_salt, secret, self_hosted=any(b.api_base for b in self._backends()))
+        self.cache_salt = resolve_cache_salt(tenant, cache_salt, secret, self_hosted=any(b.self_hosted for b in self._backends()))
         self.routing_key = routing_key(tenant, self.session_id, secret)  # opaque: routers log headers
         self.ejections = ejections_for(self.state)
         # each pool's replicas as Backends (label -> url -> replica), and every pooled URL (what ejections are read for)
@@ -89,6 +89,9 @@ class SessionState:
         self.pool_ids = {b.label: pool_id(b.label, b.replicas) for b in self._backends() if b.is_pool}
         self.rankings = {b.label: ranked(self.routing_key, b.replicas) for b in self._backends() if b.is_pool}
         self.slow_prompt_tokens: int | None = None  # the last slow answer's prompt (what its next turn expects cached)
+        self.crossed = False  # this conversation crossed the warm threshold (the cost gate's escalation tally)
+        self.escalation_tallied = False
+        self.cache_end: int | None = None  # messages the last hosted cache write covered (a warm's, a slow turn's)
         self.last_facts: Facts | None = None  # a pooled Session's last gathered facts (its homes, the replicas down)
         self.request_timeout_s = check_timeout(request_timeout_s)
         self.client: CompletionClient = client if client is not None else _env.LazyLitellm()

@@ -10,12 +10,14 @@ import functools
 from typing import Any, Callable, Mapping
 
 import agentkv._env as _env
+from agentkv._session import hosted
 from agentkv._session.attempts import Attempt, raw_warm_target, warm_body, warm_kwargs
 from agentkv._session.decide import Action, Outcome, next_action
 from agentkv._session.inputs import Facts, max_tokens_of, request_payload, to_facts
 from agentkv._session.prediction import Prediction, schedule_prediction
 from agentkv._session.state import SessionState
 from agentkv.backends import Backend, WindowInfo
+from agentkv.costs import account
 from agentkv._session.warm_prefix import schedule_warm_prefix_check
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
@@ -171,7 +173,7 @@ def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: Tok
     log_route(s, decision, counted)
     attempt = Attempt(decision, s._addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
                       timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt,
-                      routing_key=s.routing_key, headers=headers or {})
+                      routing_key=s.routing_key, headers=headers or {}, cache_end=s.cache_end)
     turns.planned(attempt, tenant=s.tenant, conversation=s.routing_key, warm_span=s._warm.span,
                   escalation=is_escalation(s._record.previous_role, decision))
     return attempt
@@ -229,9 +231,13 @@ def finish(s: SessionState, attempt: Attempt, response: Any, *, asynchronous: bo
     expected = _expected_prefix(s, attempt, escalation)
     prediction = _predict(s, attempt, asynchronous)
 
+    if escalation and s.slow is not None:
+        hosted.tally(s, s._backend("slow"), None, escalated=True)
+
     def on_usage(usage: Usage) -> None:
         if prediction is not None:
             prediction.reported(usage.cached_tokens)
+        account(s._stats, attempt.backend, usage, escalation=escalation and warmed is not None, session=s.session_id)
         _answered_usage(s, attempt, usage, expected)
         turns.answered(attempt, usage, escalation=escalation, warm_tokens=warm_tokens if warmed is not None else None)
 
@@ -260,6 +266,8 @@ def _affinity(s: SessionState, attempt: Attempt, usage: Usage, expected: int | N
         emit("affinity_miss", level="warning", backend=attempt.backend.label, expected=expected,
              cached=usage.cached_tokens, session=s.session_id, tenant=s.tenant)
     s.slow_prompt_tokens = usage.prompt_tokens
+    if attempt.payload.messages is not None and not attempt.backend.explicit_cache:  # its own marks wrote up to here
+        s.cache_end = len(attempt.payload.messages)
 
 
 def _answered_usage(s: SessionState, attempt: Attempt, usage: Usage, expected: int | None = None) -> None:
@@ -291,7 +299,8 @@ def maybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
     """Consider warm-ahead for ``attempt`` and fire it on a pool thread when due."""
     if s.slow is not None:
         slow = _warm_target(s, known)
-        attempt.warm = s._warm.consider(attempt.payload, **_warm_inputs(s, attempt, known))
+        attempt.warm = s._warm.consider(attempt.payload, **_warm_inputs(s, attempt, known, slow))
+        hosted.tally(s, s._backend("slow"), attempt.warm, escalated=False)
         _send_warm(s, attempt, slow, asynchronous=False)
         _check_warm_replica(s, attempt, slow, asynchronous=False)
         turns.warmed(attempt)
@@ -301,7 +310,8 @@ async def amaybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
     """The async twin of :func:`maybe_warm`: the shared store's claim is awaited, the warm runs as a task."""
     if s.slow is not None:
         slow = _warm_target(s, known)
-        attempt.warm = await s._warm.aconsider(attempt.payload, **_warm_inputs(s, attempt, known))
+        attempt.warm = await s._warm.aconsider(attempt.payload, **_warm_inputs(s, attempt, known, slow))
+        hosted.tally(s, s._backend("slow"), attempt.warm, escalated=False)
         _send_warm(s, attempt, slow, asynchronous=True)
         _check_warm_replica(s, attempt, slow, asynchronous=True)
         turns.warmed(attempt)
@@ -376,11 +386,11 @@ def _warm_target(s: SessionState, known: Facts) -> Backend:
     return slow
 
 
-def _warm_inputs(s: SessionState, attempt: Attempt, known: Facts) -> dict[str, Any]:
+def _warm_inputs(s: SessionState, attempt: Attempt, known: Facts, slow: Backend) -> dict[str, Any]:
     boundary = None if known.fast.window is None else known.fast.window - s.routing.output_floor
     return dict(estimated_tokens=attempt.count.total, fast_window=known.fast.window,
                 routed_role=attempt.decision.role, model_known=known.slow_model_known,
-                enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary)
+                enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary, **hosted.inputs(s, slow))
 
 
 def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: bool) -> None:
@@ -399,8 +409,11 @@ def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: b
             headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
             (s._warm.apost if asynchronous else s._warm.post)(url, body, s.http, headers, trace)
             return
+        s._warm.accounted = None if slow.self_hosted else slow
         call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
                            keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
+        if attempt.payload.messages is not None:  # a hosted slow's next requests mark where this warm wrote
+            s.cache_end = len(attempt.payload.messages)
     except Exception as exc:  # building a warm never raises into the caller
         s._warm.abandon(exc)
         return

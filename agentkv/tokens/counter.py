@@ -34,6 +34,7 @@ from agentkv.tokens.ceiling import byte_ceiling
 from agentkv.tokens.encodings import DEFAULT_ENCODING
 from agentkv.tokens.payload import CountUnavailable, Payload, TokenCount, TokenSource
 from agentkv.tokens.sources import (
+    provider_source,
     DEFAULT_TOKENIZE_TIMEOUT_S, CharSource, ServerSource, TemplateSource, TiktokenSource,
 )
 
@@ -61,7 +62,8 @@ class TokenCounter:
     def for_backend(cls, backend: Backend, *, use_server: bool = True, http: HttpTransport | None = None,
                     estimate_first: bool = True, tokenize_timeout_s: float = DEFAULT_TOKENIZE_TIMEOUT_S,
                     breaker: CircuitBreaker | None = None) -> "TokenCounter":
-        """The ladder for ``backend``: its template, its server's /tokenize, tiktoken, characters.
+        """The ladder for ``backend``: its template, its server's /tokenize (a hosted provider's count endpoint:
+        :mod:`agentkv.tokens.sources.provider`), tiktoken, characters.
 
         ``estimate_first``: :meth:`count_for` asks the server only where a decision depends on it
         (False: always, the all-exact path); ``tokenize_timeout_s`` and ``breaker`` configure the
@@ -69,8 +71,10 @@ class TokenCounter:
         sources: list[TokenSource | None] = []
         if backend.tokenizer is not None:
             sources.append(TemplateSource(backend.tokenizer, backend.chat_template))
-        if use_server and backend.server_root is not None:
+        if use_server and backend.self_hosted and backend.server_root is not None:
             sources.append(ServerSource(backend, http=http, timeout_s=tokenize_timeout_s, breaker=breaker))
+        elif use_server:  # a hosted provider's count endpoint, where it has one
+            sources.append(provider_source(backend, http=http, timeout_s=tokenize_timeout_s, breaker=breaker))
         sources += [_tiktoken_or_none(), CharSource()]
         return cls([s for s in sources if s is not None], backend_label=backend.label, estimate_first=estimate_first,
                    bound=shared_bound(f"{backend.server_root or backend.label}|{backend.served_model}"))

@@ -16,11 +16,15 @@ Everything here is pure: the Session keeps the last few :class:`TurnSample`s (bo
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
-__all__ = ["BreakEvenOutcome", "Forecast", "TurnSample", "decide_break_even", "forecast_escalation",
-           "since_last_shrink"]
+if TYPE_CHECKING:
+    from agentkv.costs import Prices
+
+__all__ = ["BreakEvenOutcome", "EscalationRate", "Forecast", "TurnSample", "decide_break_even", "forecast_escalation",
+           "since_last_shrink", "warm_premium"]
 
 BreakEvenOutcome = Literal["fire", "break_even", "no_history"]
 
@@ -90,3 +94,42 @@ def decide_break_even(history: Sequence[TurnSample], *, boundary_tokens: int, li
     if forecast is None or forecast.seconds is None or forecast.seconds > lifetime_s:
         return "break_even"
     return "fire"
+
+
+def warm_premium(prices: "Prices", *, escalation_rate: float, writes_own_cache: bool) -> float:
+    """A warm's expected extra spend per dollar the escalated turn would pay for the prefix unwarmed.
+
+    The warm pays the prefix at the cache-write price; the escalation that follows it (with probability
+    ``escalation_rate``) reads it instead of paying it again, at the write price when its own breakpoints would
+    have cached it (``writes_own_cache``: Anthropic) or else at the input price:
+    ``(write + p·read − p·unwarmed) / (p·unwarmed)``. At Anthropic's 5-minute prices that is 0.08 at p = 1 and
+    1.08 at p = 0.5; it is infinite at p = 0. A warm buys latency, never money: the premium is what it costs."""
+    unwarmed = prices.cache_write if writes_own_cache else prices.input
+    if escalation_rate <= 0 or unwarmed <= 0:
+        return math.inf
+    p = min(1.0, escalation_rate)
+    return (prices.cache_write + p * prices.cache_read - p * unwarmed) / (p * unwarmed)
+
+
+class EscalationRate:
+    """The share of conversations that escalated after crossing the warm threshold, for one slow model in this
+    process, as ``(escalated + 1) / (crossed + 2)`` (0.5 before any evidence). Crossings are counted whether or not
+    a warm went out, so a gate that skips every warm keeps learning."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.crossed = 0
+        self.escalated = 0
+
+    def cross(self) -> None:
+        with self._lock:
+            self.crossed += 1
+
+    def escalate(self) -> None:
+        with self._lock:
+            self.escalated = min(self.crossed, self.escalated + 1)
+
+    @property
+    def rate(self) -> float:
+        with self._lock:
+            return (self.escalated + 1) / (self.crossed + 2)

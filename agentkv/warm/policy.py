@@ -14,7 +14,7 @@ from agentkv.warm.economics import TurnSample, decide_break_even
 
 WarmOutcome = Literal[
     "fire", "below_threshold", "disabled", "routed_slow", "unknown_model", "no_window", "cooldown", "saturated",
-    "state_unavailable", "break_even",
+    "state_unavailable", "break_even", "below_cache_minimum", "cost",
 ]
 
 
@@ -37,6 +37,15 @@ class WarmAheadPolicy:
     prefix cache keeps a block (see docs/warm-ahead.md, "Warm economics", for how to measure it).
 
         WarmAheadPolicy(break_even=True, cache_lifetime_s=600, growth_turns=6)
+
+    Cost-aware warming (off by default; a hosted slow model): with ``cost_aware=True`` a warm goes out only when its
+    expected extra spend, per dollar the escalated turn would pay for the prefix unwarmed, is at most
+    ``max_premium`` (:func:`agentkv.warm.economics.warm_premium`: litellm's cache prices and the share of this
+    process's conversations that escalated after crossing the threshold). A warm is a purchase of latency: at
+    Anthropic's prices it costs 8% more than no warm when the conversation surely escalates, and 1.25× the
+    prefix when it never does (docs/hosted.md).
+
+        WarmAheadPolicy(cost_aware=True, max_premium=0.25)
     """
 
     threshold: float = 0.6
@@ -49,6 +58,8 @@ class WarmAheadPolicy:
     break_even: bool = False
     cache_lifetime_s: float = 600.0
     growth_turns: int = 6
+    cost_aware: bool = False
+    max_premium: float = 0.25
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -62,6 +73,11 @@ class WarmAheadPolicy:
                 raise ConfigurationError(f"WarmAheadPolicy.{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("max_sessions", "max_in_flight", "top_up_tokens"):
             check_positive_int("WarmAheadPolicy", name, getattr(self, name))
+        if not isinstance(self.cost_aware, bool):
+            raise ConfigurationError(f"WarmAheadPolicy.cost_aware must be a bool, got {self.cost_aware!r}")
+        if isinstance(self.max_premium, bool) or not isinstance(self.max_premium, numbers.Real) or \
+                not float(self.max_premium) >= 0:
+            raise ConfigurationError(f"WarmAheadPolicy.max_premium must be a number >= 0, got {self.max_premium!r}")
         if isinstance(self.growth_turns, bool) or not isinstance(self.growth_turns, int) or self.growth_turns < 2:
             raise ConfigurationError(f"WarmAheadPolicy.growth_turns must be an int >= 2, got {self.growth_turns!r}")
 
@@ -87,11 +103,15 @@ def decide_warm(
     policy: WarmAheadPolicy,
     history: Sequence[TurnSample] = (),
     boundary_tokens: int | None = None,
+    min_cacheable: int | None = None,
+    premium: float | None = None,
 ) -> WarmDecision:
     """The stateless part of the warm-ahead decision (cooldown and in-flight limits come after).
 
     ``history`` (the conversation's recent requests, oldest first, this one last) and ``boundary_tokens``
-    (the count past which a request leaves fast) feed the break-even gate when ``policy.break_even``."""
+    (the count past which a request leaves fast) feed the break-even gate when ``policy.break_even``;
+    ``min_cacheable``: a hosted slow model's shortest cacheable prompt (a shorter warm writes nothing);
+    ``premium``: the warm's expected extra spend per escalation dollar, for ``policy.cost_aware`` (None: unknown)."""
     if fast_window is None:
         return WarmDecision("no_window")
     if estimated_tokens < policy.threshold * fast_window:
@@ -102,6 +122,10 @@ def decide_warm(
         return WarmDecision("disabled")
     if not model_known:
         return WarmDecision("unknown_model")
+    if min_cacheable is not None and estimated_tokens < min_cacheable:
+        return WarmDecision("below_cache_minimum")
+    if policy.cost_aware and premium is not None and premium > policy.max_premium:
+        return WarmDecision("cost")
     if policy.break_even and boundary_tokens is not None and decide_break_even(
             history, boundary_tokens=boundary_tokens, lifetime_s=policy.cache_lifetime_s) == "break_even":
         return WarmDecision("break_even")

@@ -24,6 +24,8 @@ from typing import Any, Awaitable, Callable, Mapping
 from agentkv._defaults import process_default
 from agentkv._http import HttpTransport, redact_url
 from agentkv.errors import ConfigurationError
+from agentkv.backends import Backend
+from agentkv.costs import account
 from agentkv.retry import is_outage
 from agentkv.events import emit
 from agentkv.stats import SessionStats
@@ -36,10 +38,12 @@ from agentkv.warm.aware import SlowResidency
 from agentkv.warm.economics import TurnSample
 from agentkv.warm.events import SENDS, EventOutcome
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
+from agentkv.wire.usage import response_usage
 
 __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
 
-_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even")
+_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even",
+                  "below_cache_minimum", "cost")
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
 _Job = Callable[[], Any]
@@ -170,6 +174,7 @@ class WarmAhead:
         self.replica: str | None = None  # the pool replica warms go to (a pool's slow backend), None otherwise
         self.ejections: Ejections | None = None  # where a replica found down by a warm is marked (a pool's)
         self.cooloff_s = DEFAULT_COOLOFF_S
+        self.accounted: Backend | None = None  # the hosted slow model the next warm's cache tokens and cost count for
 
     @property
     def _shown_replica(self) -> str | None:
@@ -317,10 +322,13 @@ class WarmAhead:
             self._jobs.thread(lambda: self._checked(send, lease, *pending, replica=replica))
             return
 
+        accounted, self.accounted = self.accounted, None
+
         def job() -> None:
             try:
-                send()
+                response = send()
                 self._stats.add("warm_completed")
+                self._account(accounted, response)
             except Exception as exc:  # a warm never raises into anyone
                 self._failed(exc, replica)
             finally:
@@ -336,10 +344,13 @@ class WarmAhead:
                             self.policy.timeout_s + 2 + 2 * self._settle_s())
             return
 
+        accounted, self.accounted = self.accounted, None
+
         async def job() -> None:
             try:
-                await send()
+                response = await send()
                 self._stats.add("warm_completed")
+                self._account(accounted, response)
             except Exception as exc:  # a warm never raises into anyone
                 await self._aeject(exc, replica)
                 self._failed(exc)
@@ -347,6 +358,15 @@ class WarmAhead:
                 await self._arelease(lease)
 
         self._jobs.task(job(), self.policy.timeout_s + 1.0)
+
+    def _account(self, backend: Backend | None, response: Any) -> None:
+        """A hosted warm's cache writes and dollars into the stats (a warm never raises into anyone)."""
+        if backend is None:
+            return
+        try:
+            account(self._stats, backend, response_usage(response), warm=True, session=self._session_id)
+        except Exception as exc:
+            emit("warm_cost_unread", level="warning", error=type(exc).__name__, session=self._session_id)
 
     # --- event-aware: decide in the job from what the slow server holds, then send or skip -------------
 

@@ -82,7 +82,7 @@ def outgoing_body(body: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
         out["kv_transfer_params"] = named
     if attempt.backend.affinity_user and attempt.routing_key is not None and out.get("user") is None:
         out["user"] = attempt.routing_key
-    return with_body_salt(out, attempt.cache_salt if attempt.backend.api_base else None,
+    return with_body_salt(out, attempt.cache_salt if attempt.backend.self_hosted else None,
                           keep_caller=attempt.keeps_caller_salt)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["StreamWatcher", "Usage", "read_field", "response_cached_tokens", "response_usage", "server_clamped"]
+__all__ = ["StreamWatcher", "Usage", "read_field", "response_cache_writes", "response_cached_tokens", "response_usage",
+           "server_clamped"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Usage:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None
+    cache_write_tokens: int | None = None  # what a hosted provider wrote to its prompt cache (None: not reported)
 
 
 def response_usage(response: Any, *, finish_reason: str | None = None) -> Usage:
@@ -27,14 +29,29 @@ def response_usage(response: Any, *, finish_reason: str | None = None) -> Usage:
     object); ``finish_reason`` is used when the answer carries none (a stream reports it in an earlier chunk)."""
     usage = read_field(response, "usage")
     return Usage(_int(read_field(usage, "prompt_tokens")), _int(read_field(usage, "completion_tokens")),
-                 response_cached_tokens(response), first_finish_reason(response) or finish_reason)
+                 response_cached_tokens(response), first_finish_reason(response) or finish_reason,
+                 response_cache_writes(response))
 
 
 def response_cached_tokens(response: Any) -> int | None:
-    """``usage.prompt_tokens_details.cached_tokens`` of a litellm response (or dict), when reported."""
+    """``usage.prompt_tokens_details.cached_tokens`` of a litellm response (or dict), when reported; Anthropic's
+    ``cache_read_input_tokens`` where litellm gives only that."""
     usage = read_field(response, "usage")
     details = read_field(usage, "prompt_tokens_details")
-    return _int(read_field(details, "cached_tokens"))
+    cached = _int(read_field(details, "cached_tokens"))
+    return cached if cached is not None else _int(read_field(usage, "cache_read_input_tokens"))
+
+
+def response_cache_writes(response: Any) -> int | None:
+    """The tokens a hosted provider wrote to its prompt cache for this answer: Anthropic's
+    ``cache_creation_input_tokens``, OpenAI's ``prompt_tokens_details.cache_write_tokens``; None when unreported."""
+    usage = read_field(response, "usage")
+    for value in (read_field(usage, "cache_creation_input_tokens"),
+                  read_field(read_field(usage, "prompt_tokens_details"), "cache_write_tokens"),
+                  read_field(read_field(usage, "prompt_tokens_details"), "cache_creation_tokens")):
+        if _int(value) is not None:
+            return _int(value)
+    return None
 
 
 def first_finish_reason(response: Any) -> str | None:

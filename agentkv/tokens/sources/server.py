@@ -43,10 +43,8 @@ class ServerSource:
     def __init__(self, backend: Backend, *, http: HttpTransport | None = None,
                  timeout_s: float = DEFAULT_TOKENIZE_TIMEOUT_S, maxsize: int = 512,
                  breaker: CircuitBreaker | None = None) -> None:
-        if backend.server_root is None:
-            raise CountUnavailable(f"backend {backend.label!r} has no api_base to ask /tokenize")
         self._backend = backend
-        self._url = f"{backend.server_root}/tokenize"
+        self._url = self.endpoint(backend)
         self._http = http or default_http()
         self._timeout_s = timeout_s
         self.breaker = breaker or shared_breaker(self._url)
@@ -54,6 +52,16 @@ class ServerSource:
         self._lock = threading.Lock()
         self.unsupported = False
         self.last_max_model_len: int | None = None
+
+    def endpoint(self, backend: Backend) -> str:
+        """Where this source asks: the server's ``/tokenize``."""
+        if backend.server_root is None:
+            raise CountUnavailable(f"backend {backend.label!r} has no api_base to ask /tokenize")
+        return f"{backend.server_root}/tokenize"
+
+    def headers(self) -> dict[str, str] | None:
+        """Headers the count call carries (none for vLLM's ``/tokenize``)."""
+        return None
 
     def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
         """The chat-form (or prompt-form) /tokenize body for this payload."""
@@ -78,7 +86,7 @@ class ServerSource:
         self._admit()
         span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
         try:
-            answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s)
+            answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s, headers=self.headers())
         except HttpError as exc:
             ended(span, error=exc)
             raise self._unavailable(exc) from exc
@@ -95,7 +103,8 @@ class ServerSource:
         self._admit()
         span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
         try:
-            answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s)
+            answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s,
+                                                 headers=self.headers())
         except HttpError as exc:
             ended(span, error=exc)
             raise self._unavailable(exc) from exc
@@ -106,7 +115,7 @@ class ServerSource:
 
     def _span_attributes(self) -> dict[str, Any]:
         """A count call's span: the source and the server asked (its path only)."""
-        return {"agentkv.count.source": "server", "url.path": urlsplit(self._url).path}
+        return {"agentkv.count.source": self.name, "url.path": urlsplit(self._url).path}
 
     def count(self, payload: Payload) -> TokenCount:
         total = self.tokenize(self.request_body(payload))["count"]

@@ -1,0 +1,146 @@
+"""What a request to a hosted provider carries so that its prompt cache is written by the warm and read by the
+escalated turn, as each provider documents it. Pure: kwargs in, kwargs out (the caller's objects never edited).
+
+- **Anthropic** caches only at ``cache_control`` breakpoints, at most :data:`MAX_BREAKPOINTS` a request, each
+  reading the longest prefix written before (a 20-block lookback) and writing up to itself. A request is marked at
+  its end (what the next request reads), at the end of the conversation's last cache write (the warm's, or the
+  previous slow turn's: what this one reads), then the system prompt and the tools; the caller's own marks are
+  kept and count toward the limit (:func:`anthropic_marked`).
+- **OpenAI** caches automatically from 1,024 tokens and routes by ``prompt_cache_key``: every request of a
+  conversation carries its routing key (an opaque per-tenant digest) unless the caller set one, and the backend's
+  ``prompt_cache_retention`` (:func:`openai_keyed`).
+- **Gemini** caches implicitly; with ``Backend(explicit_cache=True)`` the messages up to the conversation's last
+  cache write are marked, and litellm's context caching creates that explicit cache once (at the warm) and names it
+  in every later request that marks the same prefix (:func:`gemini_marked`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+__all__ = ["MAX_BREAKPOINTS", "anthropic_marked", "caller_marks", "gemini_marked", "hosted_request", "openai_keyed"]
+
+MAX_BREAKPOINTS = 4
+"""Anthropic's limit of ``cache_control`` blocks in one request (a fifth is a 400)."""
+def hosted_request(provider: str, call: dict[str, Any], *, routing_key: str | None, cache_end: int | None,
+                   retention: str | None = None, explicit: bool = False) -> dict[str, Any]:
+    """``call`` (litellm kwargs) with ``provider``'s cache fields: ``cache_end`` is how many of its messages the
+    conversation's last cache write covered (the warm's, or the previous slow turn's; None: none yet)."""
+    if provider == "anthropic":
+        return anthropic_marked(call, cache_end=cache_end, ttl=retention)
+    if provider == "openai":
+        return openai_keyed(call, routing_key=routing_key, retention=retention)
+    if provider == "gemini" and explicit:
+        return gemini_marked(call, cache_end=cache_end, ttl=retention)
+    return call
+
+
+# ----------------------------------------------------------------- Anthropic
+
+def _mark(ttl: str | None) -> dict[str, str]:
+    return {"type": "ephemeral", "ttl": ttl} if ttl else {"type": "ephemeral"}
+
+
+def caller_marks(call: Mapping[str, Any]) -> int:
+    """How many ``cache_control`` breakpoints the caller's messages and tools already carry."""
+    found = 0
+    for item in list(call.get("messages") or []) + list(call.get("tools") or []):
+        if not isinstance(item, Mapping):
+            continue
+        found += item.get("cache_control") is not None
+        content = item.get("content")
+        if isinstance(content, list):
+            found += sum(1 for part in content if isinstance(part, Mapping) and part.get("cache_control") is not None)
+    return found
+
+
+def _marked(message: Mapping[str, Any], mark: Mapping[str, str]) -> dict[str, Any] | None:
+    """A copy of ``message`` with a breakpoint at its end (its last content block, or the message itself, which
+    litellm carries onto the block it builds), or None when it already has one there or cannot take one."""
+    content = message.get("content")
+    if isinstance(content, list):
+        blocks = [part for part in content if isinstance(part, Mapping)]
+        if not blocks or blocks[-1].get("cache_control") is not None or message.get("cache_control") is not None:
+            return None
+        return {**message, "content": [*content[:-1], {**content[-1], "cache_control": dict(mark)}]}
+    if message.get("cache_control") is not None:
+        return None
+    if (isinstance(content, str) and content) or message.get("tool_calls"):
+        return {**message, "cache_control": dict(mark)}
+    return None
+
+
+def _markable_at_or_before(messages: Sequence[Any], end: int) -> int | None:
+    """The index of the last message before ``end`` that can carry a breakpoint."""
+    for at in range(min(end, len(messages)) - 1, -1, -1):
+        if isinstance(messages[at], Mapping) and _marked(messages[at], {"type": "ephemeral"}) is not None:
+            return at
+    return None
+
+
+def _targets(messages: Sequence[Any], cache_end: int | None) -> list[int]:
+    """Message indices to mark, most useful first: the request's end, the last write's end, the system prompt."""
+    wanted = [_markable_at_or_before(messages, len(messages))]
+    if cache_end is not None and 0 < cache_end < len(messages):
+        wanted.append(_markable_at_or_before(messages, cache_end))
+    systems = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "system"]
+    if systems:
+        wanted.append(_markable_at_or_before(messages, systems[-1] + 1))
+    seen: list[int] = []
+    for at in wanted:
+        if at is not None and at not in seen:
+            seen.append(at)
+    return seen
+
+
+def anthropic_marked(call: Mapping[str, Any], *, cache_end: int | None, ttl: str | None = None) -> dict[str, Any]:
+    """``call`` with Anthropic ``cache_control`` breakpoints: at the request's end, the last cache write's end, the
+    system prompt, then the last tool, as many as fit beside the caller's own marks in :data:`MAX_BREAKPOINTS`."""
+    out = dict(call)
+    budget = MAX_BREAKPOINTS - caller_marks(call)
+    messages = list(call.get("messages") or [])
+    mark = _mark(ttl)
+    for at in _targets(messages, cache_end):
+        if budget <= 0:
+            break
+        marked = _marked(messages[at], mark)
+        if marked is not None:
+            messages[at], budget = marked, budget - 1
+    if messages:
+        out["messages"] = messages
+    tools = list(call.get("tools") or [])
+    if budget > 0 and tools and isinstance(tools[-1], Mapping) and tools[-1].get("cache_control") is None:
+        out["tools"] = [*tools[:-1], {**tools[-1], "cache_control": dict(mark)}]
+    return out
+
+
+# ----------------------------------------------------------------- OpenAI
+
+def openai_keyed(call: Mapping[str, Any], *, routing_key: str | None, retention: str | None) -> dict[str, Any]:
+    """``call`` with the conversation's ``prompt_cache_key`` (a caller's own wins) and ``prompt_cache_retention``."""
+    out = dict(call)
+    if routing_key is not None and out.get("prompt_cache_key") is None:
+        out["prompt_cache_key"] = routing_key
+    if retention is not None and out.get("prompt_cache_retention") is None:
+        out["prompt_cache_retention"] = retention
+    return out
+
+
+# ----------------------------------------------------------------- Gemini (explicit caches)
+
+def gemini_marked(call: Mapping[str, Any], *, cache_end: int | None, ttl: str | None = None) -> dict[str, Any]:
+    """``call`` with its messages up to the conversation's last cache write marked, through its last user turn
+    (Gemini refuses a cache ending on a model turn, and litellm then caches nothing): litellm's context caching
+    caches the marked messages as one explicit cache and finds it again by its content, so the warm creates it and
+    every later request that marks the same messages names it. A caller's own marks are left as they are."""
+    messages = list(call.get("messages") or [])
+    if cache_end is None or caller_marks(call) or not 0 < cache_end <= len(messages):
+        return dict(call)
+    users = [at for at in range(cache_end) if isinstance(messages[at], Mapping) and messages[at].get("role") == "user"]
+    if not users:
+        return dict(call)
+    mark = {"type": "ephemeral", "ttl": ttl} if ttl else {"type": "ephemeral"}
+    for at in range(users[-1] + 1):
+        if isinstance(messages[at], Mapping):
+            messages[at] = {**messages[at], "cache_control": dict(mark)}
+    return {**call, "messages": messages}
