@@ -98,6 +98,12 @@ class HttpTransport(Protocol):
     async def apost_json(self, url: str, body: Any, *, timeout_s: float,
                          headers: Mapping[str, str] | None = None) -> Any: ...
 
+    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                  headers: Mapping[str, str] | None = None) -> Any: ...
+
+    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any: ...
+
     async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer: ...
 
     def start(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> StartedPost | None: ...
@@ -142,6 +148,16 @@ class HttpxTransport:
     async def apost_json(self, url: str, body: Any, *, timeout_s: float,
                          headers: Mapping[str, str] | None = None) -> Any:
         return await self._asend("POST", url, body, timeout_s, headers=headers)
+
+    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                  headers: Mapping[str, str] | None = None) -> Any:
+        """Any method with a JSON body (or none) and headers: a provider's resources (Gemini's cachedContents)."""
+        return self._send(method, url, body, timeout_s, headers=headers)
+
+    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any:
+        """:meth:`call_json` over the async client."""
+        return await self._asend(method, url, body, timeout_s, headers=headers)
 
     async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer:
         """POST ``content`` (JSON) to ``url``; returns once the answer's headers are in (its body unread)."""

@@ -97,16 +97,22 @@ def _looked_up(model: str, ttl_1h: bool) -> Prices | None:
         info: Mapping[str, Any] = import_litellm().get_model_info(model)
     except Exception:  # litellm raises a bare Exception for a model its map does not have
         return None
-    base = info.get("input_cost_per_token")
-    if not isinstance(base, (int, float)):
+    base = _price(info.get("input_cost_per_token"))
+    if base is None:
         return None
-    write = info.get("cache_creation_input_token_cost_above_1hr" if ttl_1h else "cache_creation_input_token_cost")
-    read = info.get("cache_read_input_token_cost")
+    write = _price(info.get("cache_creation_input_token_cost_above_1hr" if ttl_1h else "cache_creation_input_token_cost"))
+    read = _price(info.get("cache_read_input_token_cost"))
     served = model.split("/", 1)[-1]
     storage = _STORAGE_PER_MTOK_HOUR.get(served, 0.0) / 1e6 if model.startswith("gemini/") else 0.0
-    return Prices(float(base), float(info.get("output_cost_per_token") or 0.0),
-                  float(write) if isinstance(write, (int, float)) else float(base),
-                  float(read) if isinstance(read, (int, float)) else float(base), storage)
+    return Prices(base, _price(info.get("output_cost_per_token")) or 0.0, base if write is None else write,
+                  base if read is None else read, storage)
+
+
+def _price(value: Any) -> float | None:
+    """A per-token price from the map: a finite number >= 0 (a model registered with text in it has none)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return None
+    return float(value)
 
 
 def loaded_prices(backend: "Backend") -> Prices | None:
@@ -119,9 +125,18 @@ def loaded_prices(backend: "Backend") -> Prices | None:
 
 def account(stats: "SessionStats", backend: "Backend", usage: Usage, *, warm: bool = False, escalation: bool = False,
             session: str | None = None) -> None:
-    """A hosted answer's cache tokens and dollars into ``stats``; a warm's and an escalation's shares apart."""
+    """A hosted answer's cache tokens and dollars into ``stats``; a warm's and an escalation's shares apart. Never
+    raises: an answer's accounting is diagnostics, and a turn never fails for it."""
     if backend.self_hosted:
         return
+    try:
+        _account(stats, backend, usage, warm=warm, escalation=escalation, session=session)
+    except Exception as exc:
+        emit("cost_unread", level="warning", backend=backend.label, error=type(exc).__name__, session=session)
+
+
+def _account(stats: "SessionStats", backend: "Backend", usage: Usage, *, warm: bool, escalation: bool,
+             session: str | None) -> None:
     tokens = cache_usage(usage)
     stats.add("cache_write_tokens", tokens.cache_write)
     stats.add("cache_read_tokens", tokens.cache_read)

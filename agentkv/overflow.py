@@ -7,6 +7,10 @@ L-M+1 input tokens" (clamping ``max_tokens`` to ``L - threshold`` gives ``M - 1`
 tokenizer stopped at L+1). They are reported with ``prompt_is_lower_bound=True`` and the driver must get
 a real count or escalate; the window L they state is real, and the Session learns it.
 
+Hosted providers' wordings are read too: Anthropic's ``prompt is too long: {n} tokens > {L} maximum``, OpenAI's
+``maximum context length is {L} tokens. However, your messages resulted in {n} tokens``, and Gemini's ``The input
+token count ({n}) exceeds the maximum number of tokens allowed ({L})``.
+
 vLLM 0.32's wordings (``vllm/renderers/params.py``), each read here:
 
 - prompt alone over the window: ``This model's maximum context length is {L} tokens. However, your prompt
@@ -105,6 +109,21 @@ def _prompt_over_window(m: re.Match[str]) -> Overflow:
     return Overflow("prompt_over_window", _n(m[1]), _n(m[3]), prompt_is_lower_bound=bool(m[2]))
 
 
+def _anthropic_too_long(m: re.Match[str]) -> Overflow:
+    # Anthropic: "prompt is too long: {n} tokens > {L} maximum" (the prompt counted whole, the window exact)
+    return Overflow("anthropic_prompt_too_long", _n(m[2]), _n(m[1]))
+
+
+def _openai_messages(m: re.Match[str]) -> Overflow:
+    # OpenAI: "maximum context length is {L} tokens. However, your messages resulted in {n} tokens"
+    return Overflow("openai_messages", _n(m[1]), _n(m[2]))
+
+
+def _gemini_input(m: re.Match[str]) -> Overflow:
+    # Gemini: "The input token count ({n}) exceeds the maximum number of tokens allowed ({L})"
+    return Overflow("gemini_input", _n(m[2]), _n(m[1]))
+
+
 def _prompt_characters(m: re.Match[str]) -> Overflow:
     # Refused before tokenising: more characters than L tokens can hold, so the prompt has more than L tokens.
     window, chars, limit = _n(m[1]), _n(m[2]), _n(m[3])
@@ -165,11 +184,17 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Overflow]], ..
         re.compile(rf"prompt \(total length {_INT}\) is too long to fit into the model \(context length {_INT}\)"),
         _prompt_too_long,
     ),
+    (re.compile(rf"prompt is too long: {_INT} tokens > {_INT} maximum"), _anthropic_too_long),
+    (re.compile(rf"maximum context length is {_INT} tokens\. However, your messages resulted in {_INT} tokens"),
+     _openai_messages),
+    (re.compile(rf"input token count \({_INT}\) exceeds the maximum number of tokens allowed \({_INT}\)"),
+     _gemini_input),
 )
 
 _GENERIC = re.compile(
     r"context[ _-]?(length|window)[ _-]?exceeded|maximum context length|too long to fit|"
-    r"maximum model length|prompt is too long|reduce the length|cannot be greater than max_model_len",
+    r"maximum model length|prompt is too long|reduce the length|cannot be greater than max_model_len|"
+    r"exceeds the maximum number of tokens allowed",
     re.I,
 )
 

@@ -5,7 +5,8 @@ a hosted provider's API, whose prompt cache agentkv writes the provider's own wa
     provider_of("hosted_vllm/qwen3-32b", "http://10.0.0.2:8000/v1")      # "vllm"
     provider_of("anthropic/claude-sonnet-4-5", "http://proxy.internal")  # "anthropic": a proxy is still Anthropic
     provider_of("openai/gpt-5.1", None)                                  # "openai"
-    provider_of("openai/qwen3-8b", "http://127.0.0.1:8001/v1")           # "vllm": litellm's OpenAI-compatible route
+    provider_of("openai/gpt-oss-20b", "http://127.0.0.1:8001/v1")        # "vllm": litellm's OpenAI-compatible route
+    provider_of("openai/gpt-5.1", "https://llm-proxy.internal/v1", "openai")  # a proxy to OpenAI: declared
 
 Pure: no litellm import.
 """
@@ -33,7 +34,7 @@ HOSTED_PROVIDERS = frozenset({
     "perplexity", "cerebras", "sambanova", "databricks", "watsonx",
 })
 _NAMED = {"anthropic": "anthropic", "gemini": "gemini", "openai": "openai"}
-# model ids OpenAI serves: ``openai/<one of these>`` is OpenAI's API even through a company proxy
+# model ids OpenAI serves: a bare ``<one of these>`` is OpenAI's API (litellm infers the provider from its catalog)
 _OPENAI_MODELS = ("gpt-", "o1", "o3", "o4", "chatgpt-", "codex-", "computer-use-")
 _OPENAI_HOSTS = ("api.openai.com",)
 
@@ -52,10 +53,9 @@ def provider_of(model: str, api_base: str | None, declared: str | None = None) -
     if declared is not None:
         return declared  # type: ignore[return-value]  # checked against PROVIDERS by Backend
     prefix = litellm_provider(model)
-    if prefix == "openai":
-        served = model.split("/", 1)[1].lower()
+    if prefix == "openai":  # litellm's route to OpenAI, and to any OpenAI-compatible server behind an api_base
         host = (urlsplit(api_base).hostname or "") if api_base else "api.openai.com"
-        return "openai" if served.startswith(_OPENAI_MODELS) or host in _OPENAI_HOSTS else "vllm"
+        return "openai" if host in _OPENAI_HOSTS else "vllm"
     if prefix in HOSTED_PROVIDERS:
         return _NAMED.get(prefix, "hosted")  # type: ignore[return-value]
     if prefix:

@@ -104,6 +104,14 @@ class FakeHttp:
                          headers: Mapping[str, str] | None = None) -> Any:
         return await self._async("POST", url, body, timeout_s, headers)
 
+    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                  headers: Mapping[str, str] | None = None) -> Any:
+        return self._sync(method, url, body, timeout_s, headers)
+
+    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any:
+        return await self._async(method, url, body, timeout_s, headers)
+
     async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> "FakeAnswer":
         """A raw POST: the handler's answer as a :class:`FakeAnswer`, its body unread."""
         body = json.loads(content)

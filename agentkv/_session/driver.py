@@ -85,13 +85,23 @@ class Session(SessionState):
         await self.aclose()
 
     def close(self) -> None:
-        """Stop accepting requests. In-flight warms are left to finish or time out; nothing waits."""
+        """Stop accepting requests. In-flight warms are left to finish or time out; nothing waits. The Gemini
+        explicit caches its warms created are deleted in the background (``drain_warms`` waits for that)."""
         self.closed = True
+        if self.explicit_caches or self._warm.created_caches:
+            def delete() -> None:
+                self.explicit_caches.absorb(self._warm.created_caches)
+                self.explicit_caches.delete(self.http, self._stats, self.session_id)
+
+            self._jobs.thread(delete)
 
     async def aclose(self) -> None:
         """Async close. In-flight warm tasks run on, bounded by their timeout: a warm fired on the last
         turn of a call is exactly the one the next call wants."""
-        self.close()
+        self.closed = True
+        if self.explicit_caches or self._warm.created_caches:
+            self.explicit_caches.absorb(self._warm.created_caches)
+            self._jobs.task(self.explicit_caches.adelete(self.http, self._stats, self.session_id), 30.0)
 
     # ----------------------------------------------------------------- a turn through litellm
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agentkv._defaults import shared
 from agentkv.backends import Backend
 from agentkv.costs import loaded_prices
+from agentkv.events import emit
 from agentkv.warm.economics import EscalationRate, warm_premium
 
 if TYPE_CHECKING:
@@ -50,13 +51,20 @@ def escalation_rate(backend: Backend) -> EscalationRate:
 
 def inputs(s: "SessionState", slow: Backend) -> dict[str, Any]:
     """:func:`~agentkv.warm.policy.decide_warm`'s hosted inputs: the cacheable minimum and, for a cost-aware
-    policy, the warm's premium (None while prices are unknown: the gate abstains)."""
-    premium = None
-    prices = loaded_prices(slow) if s.warm_ahead.cost_aware else None
-    if prices is not None:
-        premium = warm_premium(prices, escalation_rate=escalation_rate(slow).rate,
-                               writes_own_cache=slow.provider_kind == "anthropic")
-    return {"min_cacheable": cache_minimum(slow), "premium": premium}
+    policy, the warm's premium (None while prices are unknown: the gate abstains). Never raises: without them the
+    other guards decide."""
+    if slow.self_hosted:
+        return {}
+    try:
+        premium = None
+        prices = loaded_prices(slow) if s.warm_ahead.cost_aware else None
+        if prices is not None:
+            premium = warm_premium(prices, escalation_rate=escalation_rate(slow).rate,
+                                   writes_own_cache=not slow.explicit_cache)
+        return {"min_cacheable": cache_minimum(slow), "premium": premium}
+    except Exception as exc:  # litellm's helpers moved: warm as a self-hosted slow would be
+        emit("hosted_inputs_unread", level="warning", backend=slow.label, error=type(exc).__name__)
+        return {}
 
 
 def tally(s: "SessionState", slow: Backend, outcome: str | None, *, escalated: bool) -> None:

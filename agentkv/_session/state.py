@@ -26,6 +26,7 @@ from agentkv.routing import RouteDecision, RoutePolicy
 from agentkv.state import StateStore, ejections_for
 from agentkv.state.config import resolve_state
 from agentkv.stats import SessionStats
+from agentkv._session.explicit_caches import ExplicitCaches
 from agentkv.tenancy import keeps_caller_salt, resolve_cache_salt
 from agentkv.tokens import Payload, TokenCounter
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
@@ -105,6 +106,7 @@ class SessionState:
         self.last_route: RouteDecision | None = None
         self._history: list[Payload] = []
         self._jobs = BackgroundJobs()
+        self.explicit_caches = ExplicitCaches()  # the Gemini explicit caches its warms created (deleted at close)
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
                                tenant=tenant, clock=clock or time.monotonic)
         self._warm.ejections, self._warm.cooloff_s = self.ejections, retry.replica_cooloff_s

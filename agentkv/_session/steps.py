@@ -30,6 +30,7 @@ from agentkv.routing import RouteDecision, decide_route, interval_decides, is_es
 from agentkv.tenancy import screen_caller_salts
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.payload import detached
+from agentkv.wire.hosted import explicit_cache_moves
 from agentkv.wire.usage import Usage, server_clamped
 
 __all__ = ["acount", "aeject", "afacts", "amaybe_warm", "arecount", "count", "decide", "decides", "eject", "facts",
@@ -171,6 +172,8 @@ def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: Tok
     if decision.note:
         s._stats.add("catalog_refusals")
     log_route(s, decision, counted)
+    if payload.messages is not None and s.cache_end is not None and len(payload.messages) < s.cache_end:
+        s.cache_end = None  # the history shrank (compacted): the last write's end is no longer in it
     attempt = Attempt(decision, s._addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
                       timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt,
                       routing_key=s.routing_key, headers=headers or {}, cache_end=s.cache_end)
@@ -238,6 +241,7 @@ def finish(s: SessionState, attempt: Attempt, response: Any, *, asynchronous: bo
         if prediction is not None:
             prediction.reported(usage.cached_tokens)
         account(s._stats, attempt.backend, usage, escalation=escalation and warmed is not None, session=s.session_id)
+        _remember_explicit(s, attempt, usage)
         _answered_usage(s, attempt, usage, expected)
         turns.answered(attempt, usage, escalation=escalation, warm_tokens=warm_tokens if warmed is not None else None)
 
@@ -266,8 +270,8 @@ def _affinity(s: SessionState, attempt: Attempt, usage: Usage, expected: int | N
         emit("affinity_miss", level="warning", backend=attempt.backend.label, expected=expected,
              cached=usage.cached_tokens, session=s.session_id, tenant=s.tenant)
     s.slow_prompt_tokens = usage.prompt_tokens
-    if attempt.payload.messages is not None and not attempt.backend.explicit_cache:  # its own marks wrote up to here
-        s.cache_end = len(attempt.payload.messages)
+    if attempt.payload.messages is not None and (not attempt.backend.explicit_cache or explicit_cache_moves(usage)):
+        s.cache_end = len(attempt.payload.messages)  # this turn's marks wrote (or the next one's write) up to here
 
 
 def _answered_usage(s: SessionState, attempt: Attempt, usage: Usage, expected: int | None = None) -> None:
@@ -409,7 +413,6 @@ def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: b
             headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
             (s._warm.apost if asynchronous else s._warm.post)(url, body, s.http, headers, trace)
             return
-        s._warm.accounted = None if slow.self_hosted else slow
         call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
                            keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
         if attempt.payload.messages is not None:  # a hosted slow's next requests mark where this warm wrote
@@ -417,7 +420,19 @@ def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: b
     except Exception as exc:  # building a warm never raises into the caller
         s._warm.abandon(exc)
         return
+    s._warm.accounted = None if slow.self_hosted else (slow, call)  # its answer's cost, the cache it created
     (s._warm.asend if asynchronous else s._warm.send)(call, s.client, trace)
+
+
+def _remember_explicit(s: SessionState, attempt: Attempt, usage: Usage) -> None:
+    """Note the Gemini explicit cache this turn created, to delete it at close (never raises into the turn)."""
+    if not attempt.backend.explicit_cache or not usage.cache_write_tokens:
+        return
+    try:
+        s.explicit_caches.remember(attempt.backend, attempt.call_kwargs)
+    except Exception as exc:  # litellm's helpers moved: the cache lapses at its TTL instead
+        emit("explicit_cache_unnamed", level="warning", backend=attempt.backend.label, error=type(exc).__name__,
+             session=s.session_id)
 
 
 # ----------------------------------------------------------------- a pool's replica found down

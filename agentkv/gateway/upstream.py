@@ -87,6 +87,14 @@ class Upstream:
                          headers: Mapping[str, str] | None = None) -> Any:
         return await self.json.apost_json(url, body, timeout_s=timeout_s, headers=headers)
 
+    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                  headers: Mapping[str, str] | None = None) -> Any:
+        return self.json.call_json(method, url, body, timeout_s=timeout_s, headers=headers)
+
+    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
+                         headers: Mapping[str, str] | None = None) -> Any:
+        return await self.json.acall_json(method, url, body, timeout_s=timeout_s, headers=headers)
+
     async def aget_text(self, url: str, *, timeout_s: float) -> str:
         return await self.json.aget_text(url, timeout_s=timeout_s)
 

@@ -49,6 +49,7 @@ from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
 from agentkv._session import Attempt, Observation
+from agentkv.wire.hosted import openai_keyed
 from agentkv.wire.openai import OBSERVED_KEYS, routing_headers_of
 
 _SALT_WARNED: LRUCache[str, bool] = LRUCache(maxsize=4096)  # Sessions already warned about a missing salt
@@ -324,8 +325,14 @@ class ChatAgentKV(BaseChatModel):
         if attempt.handoff_export is not None and named is not None:  # a vLLM handoff's import, named by this try
             extra["kv_transfer_params"] = named
         salt = attempt.cache_salt  # the tenant's, or a handoff's import salt
-        if salt is not None and attempt.backend.api_base:
+        if salt is not None and attempt.backend.self_hosted:
             extra["cache_salt"] = salt
+        elif not attempt.backend.self_hosted:  # no hosted API takes a salt: it would leave for a third party, and 400
+            extra.pop("cache_salt", None)
+        if attempt.backend.provider_kind == "openai":  # OpenAI's prompt cache, routed by the conversation
+            extra.update({k: v for k, v in openai_keyed({}, routing_key=attempt.routing_key,
+                                                        retention=attempt.backend.cache_retention).items()
+                          if k not in extra})
         if extra:
             call["extra_body"] = extra
         headers = routing_headers_of(attempt)  # the conversation's routing key (a header the caller set wins)

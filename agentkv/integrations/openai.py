@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import httpx
 
 from agentkv._session import Attempt, TurnEnd
-from agentkv.errors import AgentKVError, ContextOverflowError
+from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError
 from agentkv.retry import outage_cause
 from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, outgoing_body, routing_headers_of
 
@@ -58,6 +58,24 @@ class StreamBrokenError(AgentKVError, ConnectionError):
 def is_chat_completion(request: httpx.Request) -> bool:
     """True for the requests the transport routes: ``POST …/chat/completions``."""
     return request.method == "POST" and request.url.path.rstrip("/").endswith("/chat/completions")
+
+
+def check_addressable(session: "Session") -> None:
+    """The transport re-sends the client's OpenAI body to the backend's own URL: a :class:`ConfigurationError` unless
+    each backend is an OpenAI-compatible server or OpenAI's API, slow with an ``api_base`` (a slow try without one
+    would go where the client sent the fast one, with slow's key)."""
+    for backend in (session.fast, session.slow):
+        if backend is None:
+            continue
+        if backend.provider_kind not in ("vllm", "openai"):
+            raise ConfigurationError(
+                f"backend {backend.label!r} is a {backend.provider_kind} model: the OpenAI-SDK transport sends OpenAI "
+                "bodies as they are, to OpenAI-compatible servers and OpenAI only; send through Session.completion, "
+                "which reaches it through litellm's provider code")
+        if not backend.api_base and backend is session.slow:
+            raise ConfigurationError(
+                f"backend {backend.label!r} has no api_base: the transport sends a slow try to the backend's URL "
+                "(OpenAI's is api_base='https://api.openai.com/v1')")
 
 
 def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: Attempt, *,
@@ -239,6 +257,7 @@ class AgentKVTransport(httpx.BaseTransport):
     """
 
     def __init__(self, session: "Session", inner: httpx.BaseTransport | None = None) -> None:
+        check_addressable(session)
         self.session = session
         self._inner = inner or httpx.HTTPTransport()
 
@@ -282,6 +301,7 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
     """The async twin of :class:`AgentKVTransport` (counts over async HTTP; warms run as tasks)."""
 
     def __init__(self, session: "Session", inner: httpx.AsyncBaseTransport | None = None) -> None:
+        check_addressable(session)
         self.session = session
         self._inner = inner or httpx.AsyncHTTPTransport()
 

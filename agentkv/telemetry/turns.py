@@ -120,6 +120,7 @@ def answered(attempt: Any, usage: Any, *, escalation: bool, warm_tokens: int | N
     whether it found the warm cached."""
     attributes = {"gen_ai.usage.input_tokens": usage.prompt_tokens, "gen_ai.usage.output_tokens": usage.completion_tokens,
                   "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
+                  "gen_ai.usage.cache_creation.input_tokens": getattr(usage, "cache_write_tokens", None),
                   "gen_ai.response.model": attempt.backend.served_model,
                   "gen_ai.response.finish_reasons": [usage.finish_reason] if usage.finish_reason else None,
                   "agentkv.warm.outcome": attempt.warm or None}

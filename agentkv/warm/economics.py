@@ -100,8 +100,9 @@ def warm_premium(prices: "Prices", *, escalation_rate: float, writes_own_cache: 
     """A warm's expected extra spend per dollar the escalated turn would pay for the prefix unwarmed.
 
     The warm pays the prefix at the cache-write price; the escalation that follows it (with probability
-    ``escalation_rate``) reads it instead of paying it again, at the write price when its own breakpoints would
-    have cached it (``writes_own_cache``: Anthropic) or else at the input price:
+    ``escalation_rate``) reads it instead of paying it again, at the write price when it would have cached it
+    itself (``writes_own_cache``: Anthropic's breakpoints, OpenAI's and Gemini's automatic caching; not a Gemini
+    explicit cache, created only by warms) or else at the input price:
     ``(write + p·read − p·unwarmed) / (p·unwarmed)``. At Anthropic's 5-minute prices that is 0.08 at p = 1 and
     1.08 at p = 0.5; it is infinite at p = 0. A warm buys latency, never money: the premium is what it costs."""
     unwarmed = prices.cache_write if writes_own_cache else prices.input

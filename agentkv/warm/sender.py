@@ -174,7 +174,10 @@ class WarmAhead:
         self.replica: str | None = None  # the pool replica warms go to (a pool's slow backend), None otherwise
         self.ejections: Ejections | None = None  # where a replica found down by a warm is marked (a pool's)
         self.cooloff_s = DEFAULT_COOLOFF_S
-        self.accounted: Backend | None = None  # the hosted slow model the next warm's cache tokens and cost count for
+        # the hosted slow model the next warm goes to and its call: what its answer's cache tokens and cost count for
+        self.accounted: tuple[Backend, Mapping[str, Any]] | None = None
+        # the Gemini explicit caches warms created (their backend and call), for the Session to delete at close
+        self.created_caches: collections.deque[tuple[Backend, Mapping[str, Any], float]] = collections.deque(maxlen=64)
 
     @property
     def _shown_replica(self) -> str | None:
@@ -359,12 +362,17 @@ class WarmAhead:
 
         self._jobs.task(job(), self.policy.timeout_s + 1.0)
 
-    def _account(self, backend: Backend | None, response: Any) -> None:
-        """A hosted warm's cache writes and dollars into the stats (a warm never raises into anyone)."""
-        if backend is None:
+    def _account(self, accounted: tuple[Backend, Mapping[str, Any]] | None, response: Any) -> None:
+        """A hosted warm's cache writes and dollars into the stats, and the explicit cache it created noted (a warm
+        never raises into anyone)."""
+        if accounted is None:
             return
+        backend, call = accounted
         try:
-            account(self._stats, backend, response_usage(response), warm=True, session=self._session_id)
+            usage = response_usage(response)
+            account(self._stats, backend, usage, warm=True, session=self._session_id)
+            if backend.explicit_cache and usage.cache_write_tokens:
+                self.created_caches.append((backend, call, time.monotonic()))
         except Exception as exc:
             emit("warm_cost_unread", level="warning", error=type(exc).__name__, session=self._session_id)
 

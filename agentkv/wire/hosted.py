@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["MAX_BREAKPOINTS", "anthropic_marked", "caller_marks", "gemini_marked", "hosted_request", "openai_keyed"]
+__all__ = ["MAX_BREAKPOINTS", "anthropic_marked", "caller_marks", "explicit_cache_moves", "gemini_marked",
+           "hosted_request", "openai_keyed"]
 
 MAX_BREAKPOINTS = 4
 """Anthropic's limit of ``cache_control`` blocks in one request (a fifth is a 400)."""
@@ -38,34 +39,72 @@ def hosted_request(provider: str, call: dict[str, Any], *, routing_key: str | No
 # ----------------------------------------------------------------- Anthropic
 
 def _mark(ttl: str | None) -> dict[str, str]:
-    return {"type": "ephemeral", "ttl": ttl} if ttl else {"type": "ephemeral"}
+    return {"type": "ephemeral", "ttl": ttl} if ttl and ttl != "5m" else {"type": "ephemeral"}
+
+
+def _part_marks(parts: Any) -> int:
+    return sum(1 for part in parts if isinstance(part, Mapping) and part.get("cache_control") is not None) \
+        if isinstance(parts, list) else 0
+
+
+def _item_marks(item: Any) -> int:
+    """Marks on a message or a tool: its own, its content blocks', its tool calls', its function's."""
+    if not isinstance(item, Mapping):
+        return 0
+    function = item.get("function")
+    return (int(item.get("cache_control") is not None) + _part_marks(item.get("content"))
+            + _part_marks(item.get("tool_calls"))
+            + int(isinstance(function, Mapping) and function.get("cache_control") is not None))
 
 
 def caller_marks(call: Mapping[str, Any]) -> int:
-    """How many ``cache_control`` breakpoints the caller's messages and tools already carry."""
-    found = 0
+    """How many ``cache_control`` breakpoints the caller's request already carries to Anthropic: on messages, their
+    content blocks and tool calls, on tools and their functions, a top-level ``cache_control``, the same inside
+    ``extra_body``, and litellm's ``cache_control_injection_points``."""
+    found = sum(_item_marks(item) for key in ("messages", "tools") for item in call.get(key) or [])
+    found += int(call.get("cache_control") is not None)
+    extra = call.get("extra_body")
+    if isinstance(extra, Mapping):
+        found += int(extra.get("cache_control") is not None)
+        found += sum(_item_marks(item) for key in ("messages", "tools") for item in extra.get(key) or [])
+    points = call.get("cache_control_injection_points")
+    return found + (len(points) if isinstance(points, list) else 0)
+
+
+def _caller_ttls(call: Mapping[str, Any]) -> set[str]:
+    """The TTLs of the caller's own marks ("5m" where none is named), so that agentkv's keep Anthropic's order."""
+    ttls: set[str] = set()
+
+    def see(mark: Any) -> None:
+        if isinstance(mark, Mapping):
+            ttls.add(str(mark.get("ttl") or "5m"))
+
     for item in list(call.get("messages") or []) + list(call.get("tools") or []):
-        if not isinstance(item, Mapping):
-            continue
-        found += item.get("cache_control") is not None
-        content = item.get("content")
-        if isinstance(content, list):
-            found += sum(1 for part in content if isinstance(part, Mapping) and part.get("cache_control") is not None)
-    return found
+        if isinstance(item, Mapping):
+            see(item.get("cache_control"))
+            for key in ("content", "tool_calls"):
+                parts = item.get(key)
+                for part in parts if isinstance(parts, list) else []:
+                    see(part.get("cache_control") if isinstance(part, Mapping) else None)
+            see(item["function"].get("cache_control") if isinstance(item.get("function"), Mapping) else None)
+    see(call.get("cache_control"))
+    return ttls
 
 
 def _marked(message: Mapping[str, Any], mark: Mapping[str, str]) -> dict[str, Any] | None:
     """A copy of ``message`` with a breakpoint at its end (its last content block, or the message itself, which
-    litellm carries onto the block it builds), or None when it already has one there or cannot take one."""
+    litellm carries onto the text block it builds), or None when it already has one there or cannot take one: no
+    text to carry it (an assistant turn of tool calls alone: litellm drops a mark there) or an empty last block."""
     content = message.get("content")
-    if isinstance(content, list):
-        blocks = [part for part in content if isinstance(part, Mapping)]
-        if not blocks or blocks[-1].get("cache_control") is not None or message.get("cache_control") is not None:
-            return None
-        return {**message, "content": [*content[:-1], {**content[-1], "cache_control": dict(mark)}]}
     if message.get("cache_control") is not None:
         return None
-    if (isinstance(content, str) and content) or message.get("tool_calls"):
+    if isinstance(content, list):
+        last = content[-1] if content else None
+        if not isinstance(last, Mapping) or last.get("cache_control") is not None or \
+                (last.get("type") == "text" and not last.get("text")):
+            return None
+        return {**message, "content": [*content[:-1], {**last, "cache_control": dict(mark)}]}
+    if isinstance(content, str) and content:
         return {**message, "cache_control": dict(mark)}
     return None
 
@@ -98,8 +137,11 @@ def anthropic_marked(call: Mapping[str, Any], *, cache_end: int | None, ttl: str
     system prompt, then the last tool, as many as fit beside the caller's own marks in :data:`MAX_BREAKPOINTS`."""
     out = dict(call)
     budget = MAX_BREAKPOINTS - caller_marks(call)
+    ttls = _caller_ttls(call)
+    if len(ttls) > 1:  # the caller mixes lifetimes: Anthropic's order (1 h before 5 min) is theirs to keep
+        return out
     messages = list(call.get("messages") or [])
-    mark = _mark(ttl)
+    mark = _mark(ttls.pop() if ttls else ttl)
     for at in _targets(messages, cache_end):
         if budget <= 0:
             break
@@ -132,7 +174,8 @@ def gemini_marked(call: Mapping[str, Any], *, cache_end: int | None, ttl: str | 
     """``call`` with its messages up to the conversation's last cache write marked, through its last user turn
     (Gemini refuses a cache ending on a model turn, and litellm then caches nothing): litellm's context caching
     caches the marked messages as one explicit cache and finds it again by its content, so the warm creates it and
-    every later request that marks the same messages names it. A caller's own marks are left as they are."""
+    every later request that marks the same messages names it. ``ttl`` rides on the first message's text block,
+    where litellm reads it. A caller's own marks are left as they are."""
     messages = list(call.get("messages") or [])
     if cache_end is None or caller_marks(call) or not 0 < cache_end <= len(messages):
         return dict(call)
@@ -143,4 +186,27 @@ def gemini_marked(call: Mapping[str, Any], *, cache_end: int | None, ttl: str | 
     for at in range(users[-1] + 1):
         if isinstance(messages[at], Mapping):
             messages[at] = {**messages[at], "cache_control": dict(mark)}
+    if ttl:
+        messages[0] = _ttl_block(messages[0], mark)
     return {**call, "messages": messages}
+
+
+def _ttl_block(message: Any, mark: Mapping[str, str]) -> Any:
+    """``message`` with its text as a block carrying ``mark`` (litellm reads an explicit cache's TTL only there)."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if isinstance(content, str) and content:
+        return {**message, "content": [{"type": "text", "text": content, "cache_control": dict(mark)}]}
+    if isinstance(content, list) and content and isinstance(content[-1], Mapping):
+        return {**message, "content": [*content[:-1], {**content[-1], "cache_control": dict(mark)}]}
+    return message
+
+
+def explicit_cache_moves(usage: Any) -> bool:
+    """Whether a slow turn's answer moves a conversation's Gemini explicit cache forward: when the prompt's uncached
+    tail has grown as long as the cached prefix (a new cache then costs no more than the tail it saves re-reading,
+    and a cache per turn would pay creation every turn). litellm counts a cache created on the way into the prompt:
+    it is no tail."""
+    prompt = getattr(usage, "prompt_tokens", None)
+    cached = getattr(usage, "cached_tokens", None) or 0
+    written = getattr(usage, "cache_write_tokens", None) or 0
+    return isinstance(prompt, int) and prompt - written - cached >= cached

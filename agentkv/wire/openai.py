@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from agentkv.fleet import routing_headers
 from agentkv.tenancy import with_body_salt
+from agentkv.wire.hosted import openai_keyed
 
 if TYPE_CHECKING:
     import httpx
@@ -82,8 +83,10 @@ def outgoing_body(body: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
         out["kv_transfer_params"] = named
     if attempt.backend.affinity_user and attempt.routing_key is not None and out.get("user") is None:
         out["user"] = attempt.routing_key
-    return with_body_salt(out, attempt.cache_salt if attempt.backend.self_hosted else None,
-                          keep_caller=attempt.keeps_caller_salt)
+    if attempt.backend.provider_kind == "openai":  # OpenAI's API: its prompt cache routed by the conversation
+        out = openai_keyed(out, routing_key=attempt.routing_key, retention=attempt.backend.cache_retention)
+    hosted = not attempt.backend.self_hosted  # no hosted API takes a salt, the caller's own neither
+    return with_body_salt(out, None if hosted else attempt.cache_salt, keep_caller=attempt.keeps_caller_salt and not hosted)
 
 
 def routing_headers_of(attempt: Attempt) -> dict[str, str]:

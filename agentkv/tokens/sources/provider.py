@@ -64,8 +64,10 @@ class _ProviderSource(ServerSource):
             params["tool_choice"] = payload.tool_choice
         return params
 
-    def _key(self, env: str) -> str | None:
-        return self._backend.api_key or os.environ.get(env)
+    def _key(self, *env: str) -> str | None:
+        """The key litellm would send: the backend's, its ``completion_kwargs``', else the provider's variables."""
+        key = self._backend.api_key or self._backend.completion_kwargs.get("api_key")
+        return key if isinstance(key, str) and key else next((os.environ[e] for e in env if os.environ.get(e)), None)
 
 
 class AnthropicCountSource(_ProviderSource):
@@ -84,13 +86,22 @@ class AnthropicCountSource(_ProviderSource):
     def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
         if payload.messages is None:
             raise CountUnavailable("Anthropic counts chat messages only")
+        try:
+            return self._sent(payload)
+        except CountUnavailable:
+            raise
+        except Exception as exc:  # litellm could not transform it: the estimate answers, the request goes on
+            raise CountUnavailable(f"litellm's Anthropic transformation failed: {type(exc).__name__}") from exc
+
+    def _sent(self, payload: Payload) -> dict[str, Any]:
+        """What litellm's Anthropic transformation sends for ``payload``, less the budget."""
         _litellm()
         from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 
         config, model = AnthropicConfig(), self._backend.served_model
         params = config.map_openai_params(non_default_params=self._openai_params(payload), optional_params={},
                                           model=model, drop_params=False)
-        sent = config.transform_request(model=model, messages=[dict(m) for m in payload.messages],
+        sent = config.transform_request(model=model, messages=[dict(m) for m in payload.messages or ()],
                                         optional_params=params, litellm_params={}, headers={})
         return {k: sent[k] for k in ("model", "messages", "system", "tools", "tool_choice", "thinking") if k in sent}
 
@@ -110,12 +121,21 @@ class GeminiCountSource(_ProviderSource):
         return f"{root}/v1beta/models/{backend.served_model}:countTokens"
 
     def headers(self) -> dict[str, str]:
-        key = self._key("GEMINI_API_KEY")
+        key = self._key("GEMINI_API_KEY", "GOOGLE_API_KEY")
         return {"x-goog-api-key": key} if key else {}
 
     def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
         if payload.messages is None:
             raise CountUnavailable("Gemini counts chat messages only")
+        try:
+            return self._sent(payload)
+        except CountUnavailable:
+            raise
+        except Exception as exc:  # litellm could not transform it: the estimate answers, the request goes on
+            raise CountUnavailable(f"litellm's Gemini transformation failed: {type(exc).__name__}") from exc
+
+    def _sent(self, payload: Payload) -> dict[str, Any]:
+        """What litellm's Gemini transformation sends for ``payload``, as a countTokens body."""
         _litellm()
         from litellm.llms.vertex_ai.gemini.transformation import _transform_request_body
         from litellm.llms.vertex_ai.gemini.vertex_and_google_ai_studio_gemini import VertexGeminiConfig
@@ -123,7 +143,7 @@ class GeminiCountSource(_ProviderSource):
         model = self._backend.served_model
         params = VertexGeminiConfig().map_openai_params(non_default_params=self._openai_params(payload),
                                                         optional_params={}, model=model, drop_params=False)
-        sent = _transform_request_body(messages=[dict(m) for m in payload.messages], model=model,
+        sent = _transform_request_body(messages=[dict(m) for m in payload.messages or ()], model=model,
                                        optional_params=params, custom_llm_provider="gemini", litellm_params={},
                                        cached_content=None)
         request = {k: sent[k] for k in ("contents", "system_instruction", "systemInstruction", "tools", "toolConfig")

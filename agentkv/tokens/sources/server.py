@@ -165,15 +165,15 @@ class ServerSource:
             raise CountUnavailable("/tokenize circuit open after a recent timeout or server error")
 
     def _unavailable(self, exc: HttpError) -> CountUnavailable:
-        if exc.status_code in (404, 405):
+        if exc.status_code in (401, 403, 404, 405):  # no such endpoint, or not for this key: not asked again
             self.unsupported = True
-        if exc.timed_out or exc.status_code is None or exc.status_code >= 500:
+        if exc.timed_out or exc.status_code is None or exc.status_code >= 500 or exc.status_code == 429:
             self.breaker.failed()
             emit("count_source_breaker_open", level="warning", source=self.name, backend=self._backend.label,
                  status=exc.status_code, timed_out=exc.timed_out)
         else:
             self.breaker.succeeded()  # it answered: the server is up, this body was refused
-        return CountUnavailable(f"/tokenize failed: {exc}")
+        return CountUnavailable(f"{self.name} count failed: {exc}")
 
     def _checked(self, answer: Any) -> dict[str, Any]:
         if not isinstance(answer, Mapping) or not isinstance(answer.get("count"), int):
