@@ -4,3 +4,9 @@ semantics, for tests and benchmarks that drive litellm's real provider code agai
 Each fake runs on 127.0.0.1 only, on a thread of its own, until its ``with`` block ends. What each leaves out of
 the real provider is listed in its module's docstring.
 """
+
+from agentkv.provider_fakes.anthropic import FakeAnthropic
+from agentkv.provider_fakes.gemini import FakeGemini
+from agentkv.provider_fakes.openai import FakeOpenAI
+
+__all__ = ["FakeAnthropic", "FakeGemini", "FakeOpenAI"]
