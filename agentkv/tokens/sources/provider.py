@@ -45,6 +45,20 @@ class _ProviderSource(ServerSource):
     """What the provider sources share: no token ids (a provider returns counts only), tool probes on a one-token
     message (a provider refuses an empty one)."""
 
+    def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
+        """The count body for ``payload``: what litellm's provider transformation sends (``_sent``)."""
+        if payload.messages is None:
+            raise CountUnavailable(f"{self.name} counts chat messages only")
+        try:
+            return self._sent(payload)
+        except CountUnavailable:
+            raise
+        except Exception as exc:  # litellm could not transform it: the estimate answers, the request goes on
+            raise CountUnavailable(f"litellm's transformation for {self.name} failed: {type(exc).__name__}") from exc
+
+    def _sent(self, payload: Payload) -> dict[str, Any]:
+        raise NotImplementedError
+
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
         raise CountUnavailable(f"{self.name} count endpoints return no token ids")
 
@@ -83,16 +97,6 @@ class AnthropicCountSource(_ProviderSource):
         key = self._key("ANTHROPIC_API_KEY")
         return {"anthropic-version": ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
 
-    def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
-        if payload.messages is None:
-            raise CountUnavailable("Anthropic counts chat messages only")
-        try:
-            return self._sent(payload)
-        except CountUnavailable:
-            raise
-        except Exception as exc:  # litellm could not transform it: the estimate answers, the request goes on
-            raise CountUnavailable(f"litellm's Anthropic transformation failed: {type(exc).__name__}") from exc
-
     def _sent(self, payload: Payload) -> dict[str, Any]:
         """What litellm's Anthropic transformation sends for ``payload``, less the budget."""
         _litellm()
@@ -123,16 +127,6 @@ class GeminiCountSource(_ProviderSource):
     def headers(self) -> dict[str, str]:
         key = self._key("GEMINI_API_KEY", "GOOGLE_API_KEY")
         return {"x-goog-api-key": key} if key else {}
-
-    def request_body(self, payload: Payload, **overrides: Any) -> dict[str, Any]:
-        if payload.messages is None:
-            raise CountUnavailable("Gemini counts chat messages only")
-        try:
-            return self._sent(payload)
-        except CountUnavailable:
-            raise
-        except Exception as exc:  # litellm could not transform it: the estimate answers, the request goes on
-            raise CountUnavailable(f"litellm's Gemini transformation failed: {type(exc).__name__}") from exc
 
     def _sent(self, payload: Payload) -> dict[str, Any]:
         """What litellm's Gemini transformation sends for ``payload``, as a countTokens body."""
