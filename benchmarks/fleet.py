@@ -29,7 +29,6 @@ Five vLLM CPU servers hold about 16 GB.
 from __future__ import annotations
 
 import argparse
-import copy
 import itertools
 import logging
 import random
@@ -54,14 +53,7 @@ _SAMPLE = re.compile(r"^(vllm:request_success_total)(?:\{[^}\n]{0,2000}\})? ([0-
 
 
 def grow(turns: int, seed: int) -> list[list[dict]]:
-    agent = ScriptedAgent(result_rows=1)
-    msgs = agent.opening()
-    msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']} Conversation {seed}."}
-    history = [copy.deepcopy(msgs)]
-    for _ in range(turns):
-        msgs = msgs + agent.next_turn()
-        history.append(copy.deepcopy(msgs))
-    return history
+    return ScriptedAgent(result_rows=1).conversation(turns, tag=f" Conversation {seed}.")
 
 
 def requests_served(roots: list[str]) -> list[int]:

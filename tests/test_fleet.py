@@ -1,7 +1,6 @@
 """A tier of many replicas: the routing key on every request, a caller's routing headers on its warm, a pool's replicas
 chosen by rendezvous hashing with bounded loads, ejected when down, and a conversation re-warmed on its next replica."""
 
-import copy
 import uuid
 
 import pytest
@@ -18,14 +17,7 @@ KEY_HEADER = "x-session-id"
 
 
 def grow(turns, seed=0):
-    agent = ScriptedAgent(result_rows=1)
-    msgs = agent.opening()
-    msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']} (conversation {seed})"}
-    history = [copy.deepcopy(msgs)]
-    for _ in range(turns):
-        msgs = msgs + agent.next_turn()
-        history.append(copy.deepcopy(msgs))
-    return history
+    return ScriptedAgent(result_rows=1).conversation(turns, tag=f" (conversation {seed})")
 
 
 # ----------------------------------------------------------------------------- pure parts

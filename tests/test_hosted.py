@@ -21,13 +21,7 @@ TOOLS8 = TOOLS[:8]
 
 def react(turns):
     """A growing tool-using conversation (one user message, then assistant tool calls and tool results)."""
-    agent = ScriptedAgent(result_rows=1)
-    msgs = agent.opening()
-    history = [copy.deepcopy(msgs)]
-    for _ in range(turns):
-        msgs = msgs + agent.next_turn()
-        history.append(copy.deepcopy(msgs))
-    return history
+    return ScriptedAgent(result_rows=1).conversation(turns)
 
 
 def chat(turns):

@@ -1,7 +1,6 @@
 """OpenTelemetry spans and metrics from the library, read back through the SDK's in-memory exporters: a conversation
 that crosses 60%, escalates onto its warm and fails over, sync and async; no prompt text unless asked for."""
 
-import copy
 import json
 
 import pytest
@@ -37,13 +36,7 @@ def otel():
 
 
 def grow(turns):
-    agent = ScriptedAgent(result_rows=1)
-    msgs = agent.opening()
-    history = [copy.deepcopy(msgs)]
-    for _ in range(turns):
-        msgs = msgs + agent.next_turn()
-        history.append(copy.deepcopy(msgs))
-    return history
+    return ScriptedAgent(result_rows=1).conversation(turns)
 
 
 def session(fresh, **kwargs):

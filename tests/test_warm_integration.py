@@ -24,13 +24,7 @@ def warms(server):
 
 
 def grow(turns):
-    agent = ScriptedAgent(result_rows=1)
-    msgs = agent.opening()
-    history = [copy.deepcopy(msgs)]
-    for _ in range(turns):
-        msgs = msgs + agent.next_turn()
-        history.append(copy.deepcopy(msgs))
-    return history
+    return ScriptedAgent(result_rows=1).conversation(turns)
 
 
 def test_crossing_sixty_percent_fires_exactly_one_warm(fresh):

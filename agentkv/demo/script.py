@@ -7,6 +7,7 @@ the Session, litellm and HTTP to a real engine.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from dataclasses import dataclass
@@ -79,6 +80,18 @@ class ScriptedAgent:
     def opening(self) -> list[dict[str, Any]]:
         """The system prompt and the user's task."""
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": USER_TASK}]
+
+    def conversation(self, turns: int, *, tag: str = "") -> list[list[dict[str, Any]]]:
+        """The requests of a conversation growing one step a request: the opening, then ``turns`` more, each a copy.
+        ``tag`` is appended to the system prompt (distinct conversations then have distinct prefixes)."""
+        msgs = self.opening()
+        if tag:
+            msgs[0] = {**msgs[0], "content": msgs[0]["content"] + tag}
+        history = [copy.deepcopy(msgs)]
+        for _ in range(turns):
+            msgs = msgs + self.next_turn()
+            history.append(copy.deepcopy(msgs))
+        return history
 
     def next_turn(self, rows: int | None = None) -> list[dict[str, Any]]:
         """The assistant's tool call and the tool's result, to append after a model call."""

@@ -10,7 +10,6 @@ conversations are found warm again at their escalation.
 
 from __future__ import annotations
 
-import copy
 import re
 import time
 import uuid
@@ -61,14 +60,7 @@ def router_executable():
 
 
 def grow(turns, seed):
-    agent = ScriptedAgent(result_rows=1)
-    msgs = agent.opening()
-    msgs[0] = {**msgs[0], "content": f"{msgs[0]['content']} Conversation {seed}."}
-    history = [copy.deepcopy(msgs)]
-    for _ in range(turns):
-        msgs = msgs + agent.next_turn()
-        history.append(copy.deepcopy(msgs))
-    return history
+    return ScriptedAgent(result_rows=1).conversation(turns, tag=f" Conversation {seed}.")
 
 
 def counters(roots):
