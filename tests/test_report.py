@@ -74,8 +74,8 @@ def test_a_file_that_is_no_ledger_is_refused_naming_what_is_wrong(tmp_path, caps
     broken.write_text(json.dumps({"agentkv_ledger": 1, "fast_window": 10, "output_floor": 1,
                                   "warm_threshold": 0.6}) + "\n{oops\n")
     assert main(["report", str(broken), "--out", str(tmp_path / "y.png")]) == 2
-    assert "line 2 is not JSON" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="line 2 is not a ledger row"):
+    assert "line 2: not JSON" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="line 2: not a ledger row"):
         broken.write_text(json.dumps({"agentkv_ledger": 1}) + "\n" + json.dumps({"turn": 1}) + "\n")
         read_ledger(broken)
 
