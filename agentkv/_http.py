@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
 from agentkv._defaults import process_default
 
 __all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpAnswer", "HttpError", "HttpTransport", "HttpxTransport", "StartedPost",
-           "default_http", "redact_url"]
+           "default_http", "redact_url", "unsendable_header"]
 
 
 class HttpError(Exception):
@@ -335,16 +335,37 @@ def _transport_error(exc: BaseException, url: str) -> HttpError:
 
 def _path(url: str) -> str:
     """The URL without credentials or query string (for messages and events: never a body, never a secret)."""
-    return redact_url(url.split("?", 1)[0])
+    return redact_url(url)
 
 
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31}://)[^?#]*@")  # to the last '@': a raw '@' or '/' in a password
+# to the last '@' before a query: a raw '@', '/' or '#' in a password
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]{0,31}://)[^?]*@")
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its ``user:password@`` (everything between ``scheme://`` and the last ``@`` before a query)."""
-    head, mark, query = url.partition("?")
-    return _USERINFO.sub(r"\1", head) + mark + query
+    """``url`` as agentkv shows it (events, stats, spans, messages): without its ``user:password@`` (everything between
+    ``scheme://`` and the last ``@`` before a query), its query string and its fragment, where a key may ride
+    (``?api_key=…``). What is left, scheme, host, port and path, names a server without a secret."""
+    return _USERINFO.sub(r"\1", url.split("?", 1)[0]).split("#", 1)[0]
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 field name
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")  # printable ASCII and tabs: no CR, LF, NUL or non-ASCII
+
+
+def unsendable_header(headers: Any) -> str | None:
+    """The first of ``headers`` (a mapping of names to values) that no HTTP client can send, shown safely (its name
+    escaped and cut to 64 characters, never its value); None when every one can be sent. A name must be an RFC 9110
+    token and a string (or bytes) value printable ASCII (no CR, LF, NUL or non-ASCII characters); other values are
+    the client's to judge."""
+    if not isinstance(headers, Mapping):
+        return None
+    for name, value in headers.items():
+        text = value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name) or (
+                isinstance(text, str) and not _FIELD_VALUE.fullmatch(text)):
+            return ascii(name)[1:-1][:64] if isinstance(name, str) else type(name).__name__
+    return None
 
 
 default_http = process_default(HttpxTransport, "The process-wide pooled HTTP transport.")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from agentkv._defaults import shared
-from agentkv._http import redact_url
+from agentkv._http import redact_url, unsendable_header
 from agentkv.errors import ConfigurationError
 from agentkv.providers import PROVIDERS, Provider, check_retention, provider_of
 
@@ -28,6 +28,10 @@ _SECRET_KEY = re.compile(r"(?i)^(api[_-]?key|x-api-key|authorization|proxy-autho
                          r".*secret.*|.*_token|access[_-]?token|bearer|cookie)$")
 REDACTED = "<redacted>"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")  # an RFC 9110 token
+# Headers a warm sets itself (the client's, or its body's): never repeated from a caller, whatever is configured.
+_OWN_HEADERS = frozenset({"host", "content-length", "content-type", "content-encoding", "transfer-encoding",
+                          "connection", "keep-alive", "te", "trailer", "upgrade", "expect", "accept-encoding"})
+_MAX_FORWARD_HEADERS = 32
 
 
 def redact_secrets(value: Any) -> Any:
@@ -62,6 +66,9 @@ class Backend:
     keeps one replica, moves to its next one while its own is down, and comes back (``docs/fleet.md``). Every request
     of a conversation carries its routing key (an opaque digest) under ``affinity_headers`` (``X-Session-ID``, what
     the vLLM router's ``consistent_hash`` reads; ``()`` sends none), and as ``user`` too with ``affinity_user``.
+    A warm to this backend repeats only the caller's headers named in ``affinity_headers`` or ``forward_headers``
+    (names, case-insensitive, at most 32: ``forward_headers=("X-Route-Hint",)``); no other header of a caller's,
+    a credential under whatever name, rides on a warm.
 
         Backend("hosted_vllm/qwen3-32b", api_base="http://127.0.0.1:8002/v1", window=131072)
         Backend("hosted_vllm/qwen3-32b", api_base=["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"])
@@ -87,6 +94,7 @@ class Backend:
     cache_retention: str | None = None  # a hosted cache's lifetime: Anthropic "5m"/"1h", OpenAI "in_memory"/"24h",
     #                                     Gemini explicit caches' TTL ("3600s"); None: the provider's default
     explicit_cache: bool = False  # Gemini: write an explicit cache at the warm, named by later requests
+    forward_headers: tuple[str, ...] = ()  # the caller's headers (names) a warm repeats besides the affinity ones
 
     def __post_init__(self) -> None:
         self._pool_from_api_base()
@@ -95,12 +103,14 @@ class Backend:
         if isinstance(names, str) or not all(isinstance(n, str) and _HEADER_NAME.match(n) for n in names):
             raise ConfigurationError(f"Backend.affinity_headers must be a tuple of HTTP header names, got {names!r}")
         object.__setattr__(self, "affinity_headers", tuple(names))
+        object.__setattr__(self, "forward_headers", _forward_headers(self.forward_headers))
+        _check_own_headers(self.completion_kwargs)
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigurationError(f"Backend.model must be a non-empty litellm model string, got {self.model!r}")
         if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
             raise ConfigurationError(f"Backend.window must be a positive int, got {self.window!r}")
         if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
-            raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {self.api_base!r}")
+            raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {redact_url(str(self.api_base))!r}")
         if self.provider is not None and self.provider not in PROVIDERS:
             raise ConfigurationError(f"Backend.provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
         check_retention(self.provider_kind, self.cache_retention)
@@ -130,7 +140,8 @@ class Backend:
         if not urls:
             return
         if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
-            raise ConfigurationError(f"Backend.api_base must be an http(s) URL or a list of them, got {list(urls)!r}")
+            raise ConfigurationError(f"Backend.api_base must be an http(s) URL or a list of them, got "
+                                     f"{[redact_url(u) if isinstance(u, str) else u for u in urls]!r}")
         if len(set(u.rstrip("/") for u in urls)) != len(urls):
             raise ConfigurationError(f"Backend.api_base lists a replica twice: {[redact_url(u) for u in urls]!r}")
         object.__setattr__(self, "replicas", urls if len(urls) > 1 else ())
@@ -214,6 +225,33 @@ class Backend:
         if self.api_key:
             kwargs["api_key"] = self.api_key
         return kwargs
+
+
+def _forward_headers(names: Any) -> tuple[str, ...]:
+    """``Backend.forward_headers`` checked: a tuple (or list) of at most 32 distinct header names (RFC 9110 tokens,
+    compared case-insensitively), none of the headers a warm sets itself."""
+    listed = tuple(names) if isinstance(names, (tuple, list)) else None
+    if listed is None or len(listed) > _MAX_FORWARD_HEADERS or not all(
+            isinstance(n, str) and _HEADER_NAME.match(n) and n.lower() not in _OWN_HEADERS for n in listed):
+        raise ConfigurationError(f"Backend.forward_headers must be a tuple of at most {_MAX_FORWARD_HEADERS} HTTP "
+                                 f"header names (not {', '.join(sorted(_OWN_HEADERS))}), got {_shown(names)}")
+    if len({n.lower() for n in listed}) != len(listed):
+        raise ConfigurationError(f"Backend.forward_headers names a header twice: {listed!r}")
+    return listed
+
+
+def _shown(value: Any) -> str:
+    """A configured value for an error message: escaped, and cut to 200 characters."""
+    return ascii(value)[:200]
+
+
+def _check_own_headers(kwargs: Mapping[str, Any]) -> None:
+    """The headers in a Backend's ``completion_kwargs`` can be sent (none holds CR, LF, NUL or non-ASCII)."""
+    for key in ("extra_headers", "headers"):
+        bad = unsendable_header(kwargs.get(key) if isinstance(kwargs, Mapping) else None)
+        if bad is not None:
+            raise ConfigurationError(f"Backend.completion_kwargs[{key!r}]: header '{bad}' cannot be sent: a header "
+                                     "name must be an HTTP token and its value printable ASCII")
 
 
 @dataclass(frozen=True)

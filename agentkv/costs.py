@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from agentkv._defaults import shared
 from agentkv.events import emit
-from agentkv.wire.usage import Usage
+from agentkv.wire.usage import Usage, token_figure
 
 if TYPE_CHECKING:
     from agentkv.backends import Backend
@@ -59,9 +59,16 @@ class CacheUsage:
 
 def cache_usage(usage: Usage) -> CacheUsage:
     """The :class:`CacheUsage` of an answer's :class:`~agentkv.wire.usage.Usage` (litellm reports every provider's
-    prompt tokens with the cached ones included, as OpenAI does)."""
-    return CacheUsage(usage.prompt_tokens or 0, usage.cache_write_tokens or 0, usage.cached_tokens or 0,
-                      usage.completion_tokens or 0)
+    prompt tokens with the cached ones included, as OpenAI does). A figure absent or refused when it was read
+    (:func:`~agentkv.wire.usage.token_figure`) counts 0, so no cost or saving is ever negative or priced from an
+    absurd count."""
+    return CacheUsage(_tokens(usage.prompt_tokens), _tokens(usage.cache_write_tokens), _tokens(usage.cached_tokens),
+                      _tokens(usage.completion_tokens))
+
+
+def _tokens(value: int | None) -> int:
+    """A count to price: a believable one as it is, anything else 0 (a Usage built by hand is checked too)."""
+    return token_figure(value)[0] or 0
 
 
 def request_cost(usage: CacheUsage, prices: Prices) -> float:

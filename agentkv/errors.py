@@ -51,6 +51,23 @@ class ContextOverflowError(AgentKVError):
         self.suggested_backend = suggested_backend
 
 
+class PoolExhaustedError(AgentKVError):
+    """No replica of a pool (``Backend(api_base=[...])``) could take a turn, and no other backend took it.
+
+    ``pool`` is the pool's label, ``replicas`` each replica's URL (credentials and query string removed) and what
+    happened to it this turn ("refused", "unavailable (504)", "ejected (cooling off 28 s)", "not tried"); the last
+    try's error is the ``__cause__``:
+
+        PoolExhaustedError: pool 'slow' exhausted: http://h1/v1 refused, http://h2/v1 ejected (cooling off 28 s)
+    """
+
+    def __init__(self, pool: str, replicas: dict[str, str]) -> None:
+        shown = ", ".join(f"{url} {state}" for url, state in replicas.items())
+        super().__init__(f"pool {pool!r} exhausted: {shown}")
+        self.pool = pool
+        self.replicas = dict(replicas)
+
+
 class AnswerTooLarge(AgentKVError):
     """A backend's answer grew past the bound its reader was given (``limit`` bytes): not an outage and not
     transient, so it is neither retried nor failed over (a second try would generate it again)."""

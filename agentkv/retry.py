@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import random
 import socket
 import time
 from collections import Counter
@@ -23,7 +24,8 @@ from typing import Any, Awaitable, Callable, Literal, TypeVar
 from agentkv.errors import ConfigurationError, check_positive_int
 from agentkv.events import emit
 
-__all__ = ["CLIENT_RETRIES_OFF", "Outage", "RetryPolicy", "TurnTries", "is_outage", "is_transient", "outage_cause"]
+__all__ = ["CLIENT_RETRIES_OFF", "Outage", "RetryPolicy", "TurnTries", "is_outage", "is_transient", "outage_cause",
+           "replica_evidence", "replica_state"]
 
 T = TypeVar("T")
 
@@ -113,6 +115,37 @@ def is_outage(error: BaseException, *, timeouts: bool = False) -> bool:
     return cause is not None and (timeouts or cause != "timeout")
 
 
+_RESET_NAMES = {"ConnectionResetError", "ClientConnectionResetError"}
+
+
+def _reset(link: BaseException) -> bool:
+    return isinstance(link, ConnectionResetError) or (isinstance(link, OSError) and link.errno == errno.ECONNRESET) \
+        or any(cls.__name__ in _RESET_NAMES for cls in type(link).__mro__)
+
+
+def replica_evidence(error: BaseException, *, fails_over: bool) -> Literal["down", "failed"] | None:
+    """What ``error`` says about the server a try went to (:mod:`agentkv.fleet.breaker` weighs it): "down" when it
+    refused, could not be reached, or reset the connection (the server's own failure, whatever was sent); "failed"
+    for any other error that ``fails_over`` (a 502/503/504, a connection closed without an answer, a timeout the
+    policy fails over: this request's failure, unless it repeats across conversations); None for the rest (an
+    answer, even an error one, says the server is up)."""
+    cause = outage_cause(error)
+    if cause in ("refused", "unreachable") or (cause == "dropped" and any(map(_reset, _chain(error)))):
+        return "down"
+    return "failed" if fails_over else None
+
+
+def replica_state(error: BaseException) -> str:
+    """How a try failed, in a few words for an operator ("refused", "unavailable (504)", "timeout"): the cause and
+    the status code, never the server's text."""
+    cause = outage_cause(error)
+    if cause != "unavailable":  # a connection's failure: a wrapper's status code (litellm's 500) would mislead
+        return cause or "failed"
+    status = next(code for code in (getattr(link, "status_code", None) for link in _chain(error))
+                  if code in _STATUS_OUTAGES)
+    return f"unavailable ({status})"
+
+
 _TRANSIENT_NAMES = {
     "RateLimitError", "InternalServerError", "ServiceUnavailableError", "APIConnectionError",
     "Timeout", "APITimeoutError", "TimeoutException", "ConnectError", "ReadTimeout", "ConnectTimeout",
@@ -148,7 +181,8 @@ class TurnTries:
     streamed: bool = False
     recoveries: int = 0  # overflows this turn recovered from (clamped or escalated)
     failovers: int = 0  # outages this turn failed over from
-    replicas_down: set[str] = field(default_factory=set)  # a pool's replicas found down this turn (never tried again)
+    replicas_down: set[str] = field(default_factory=set)  # a pool's replicas that failed this turn (never tried again)
+    replica_failures: dict[str, str] = field(default_factory=dict)  # each such replica: how (:func:`replica_state`)
 
     def left(self, role: str, attempts: int) -> int:
         """Tries ``role`` may still have this turn."""
@@ -175,8 +209,10 @@ class RetryPolicy:
     ``retry_transient=False``: each try is sent once, and a transient error goes straight to the turn's next step
     (an outage fails over at once; a 429 or 5xx is the answer): for a proxy whose own clients retry, as the gateway's
     do. ``attempts`` still bounds the tries each backend gets in a turn (a clamp's retry is one).
-    ``replica_cooloff_s``: how long a replica of a pool (``Backend(api_base=[…])``) found down is left out; its
-    conversations go to their next replica meanwhile (an outage on a replica is never retried on it).
+    ``replica_cooloff_s``: how long a replica of a pool (``Backend(api_base=[…])``) is left out once ejected; its
+    conversations go to their next replica meanwhile. An outage on a replica is never retried on it: the turn goes to
+    the next replica, and the replica is ejected only on evidence that it is failing (it refused or reset a
+    connection, or failed tries of several conversations in a row: :mod:`agentkv.fleet.breaker`).
 
         RetryPolicy(attempts=3, initial_s=0.5, max_s=8.0)   # sleep= and asleep= are injectable
     """
@@ -201,13 +237,19 @@ class RetryPolicy:
         """True when ``error`` is an outage under this policy (see :func:`is_outage`)."""
         return is_outage(error, timeouts=self.timeout_fails_over and not streamed)
 
+    def backoff_s(self, retry_state: Any) -> float:
+        """The wait before try ``n + 1``: ``min(max_s, initial_s * 2**(n - 1) + uniform(0, jitter_s))`` (tenacity's
+        exponential-with-jitter rule, computed here: its keyword for the base moved between tenacity 9.1 and 9.2)."""
+        exp = self.initial_s * 2.0 ** (int(retry_state.attempt_number) - 1)
+        return max(0.0, min(exp + random.uniform(0, self.jitter_s), self.max_s))
+
     def _kwargs(self, attempts: int | None, outages: bool = True) -> dict[str, Any]:
-        from tenacity import retry_if_exception, stop_after_attempt, wait_exponential_jitter
+        from tenacity import retry_if_exception, stop_after_attempt
 
         tries = min(self.attempts, self.attempts if attempts is None else attempts) if self.retry_transient else 1
         return dict(
             stop=stop_after_attempt(max(1, tries)),
-            wait=wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s),
+            wait=self.backoff_s,
             retry=retry_if_exception(is_transient if outages else self._transient_not_failing_over),
             reraise=True,
             before_sleep=_log_retry,

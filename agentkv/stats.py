@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -63,13 +64,17 @@ class SessionStats:
         self._usd: dict[str, float] = {name: 0.0 for name in DOLLARS}
 
     def add_usd(self, name: str, amount: float) -> None:
-        """Add ``amount`` dollars to the money counter ``name`` (one of :data:`DOLLARS`)."""
+        """Add ``amount`` dollars to the money counter ``name`` (one of :data:`DOLLARS`); money only ever adds up:
+        a negative or non-finite amount adds nothing."""
+        if not 0.0 <= amount < math.inf:
+            return
         with self._lock:
             self._usd[name] += amount
 
     def add(self, name: str, amount: int = 1) -> None:
+        """Add ``amount`` to the counter ``name``; counters only ever grow: a negative amount adds nothing."""
         with self._lock:
-            self._counts[name] += amount
+            self._counts[name] += max(amount, 0)
 
     def request(self, backend: str, replica: str | None = None) -> None:
         """One answered request to ``backend`` (and to ``replica``, a pool's URL, when it is one)."""

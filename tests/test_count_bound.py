@@ -138,12 +138,18 @@ def test_a_short_request_inside_the_slack_leaves_the_ratio_unknown():
 
 def test_a_ratio_past_the_margin_on_a_long_request_widens_even_inside_the_interval():
     """A long request counted at 1.27x its estimate (inside the interval's slack, past its 15% margin) widens the
-    high side to that ratio with 10% headroom, logged as count_bound_learned."""
-    bound = EstimateBound()
+    high side to that ratio with 10% headroom, logged as count_bound_learned: at once from /tokenize, from answers'
+    usage once three of them from two Sessions agree (issue 37: no single answer widens the bound)."""
+    bound, claimed = EstimateBound(), EstimateBound()
     with capture_events() as events:
-        assert bound.learn(estimate(300), 380, backend="fast", origin="usage")  # safe 345, high 385
-    assert bound.high_factor == pytest.approx(380 / 300 * 1.1)
-    assert [(e["event"], e["origin"]) for e in events] == [("count_bound_learned", "usage")]
+        assert bound.learn(estimate(300), 380, backend="fast", origin="tokenize")  # safe 345, high 385
+        assert not claimed.learn(estimate(300), 380, backend="fast", origin="usage", session="a")
+        assert not claimed.learn(estimate(300), 380, backend="fast", origin="usage", session="a")
+        assert claimed.learn(estimate(300), 380, backend="fast", origin="usage", session="b")
+    assert bound.high_factor == claimed.high_factor == pytest.approx(380 / 300 * 1.1)
+    assert [(e["event"], e["origin"]) for e in events] == [("count_bound_learned", "tokenize"),
+                                                           *[("count_bound_claimed", "usage")] * 2,
+                                                           ("count_bound_learned", "usage")]
 
 
 def test_the_estimate_bound_is_learned_per_server_and_model():
@@ -166,7 +172,7 @@ def test_a_count_above_the_interval_widens_only_its_high_side_and_raises_the_saf
     shape's next estimate holds it; the low end, never violated, stays where the documented bound puts it."""
     source, bound = TiktokenSource(), EstimateBound()
     estimate = source.count(Payload(tuple(prose(400, "a"))))
-    assert bound.learn(estimate, round(2.2 * estimate.total), origin="usage")
+    assert bound.learn(estimate, round(2.2 * estimate.total), origin="tokenize")  # an exact source: widens alone
     later = source.count(Payload(tuple(prose(440, "b"))))
     widened = bound.apply(later)
     assert widened.low == later.low and widened.high > 2.2 * later.total

@@ -35,21 +35,23 @@ def test_the_routing_key_is_an_opaque_stable_digest():
 
 
 def test_a_callers_credentials_never_ride_on_a_warm():
-    """Forwardable headers keep routing ones and drop credentials, hop-by-hop and body headers; a caller's own session
-    header wins over the key; the set is bounded."""
+    """Forwardable headers are the allowed names only (credentials, hop-by-hop and body headers never are); a caller's
+    own session header wins over the key; the set is bounded."""
     caller = {"X-Session-ID": "theirs", "X-Team": "a", "Authorization": "Bearer sk-1", "x-api-key": "k", "Cookie": "c",
               "Content-Length": "9", "Host": "h", "X-Stainless-Retry-Count": "0", "X-Auth-Token": "t",
               "x-goog-api-key": "g", "Ocp-Apim-Subscription-Key": "o", "apikey": "a", "X-Auth": "x", "Helicone-Auth": "h",
               "X-Access-Key": "k", "x-functions-key": "f", "X-Amz-Security-Token": "s", "X-Signature": "s"}
-    assert forwardable_headers(caller) == {"X-Session-ID": "theirs", "X-Team": "a"}
+    assert forwardable_headers(caller) == {}
+    assert forwardable_headers(caller, ("x-session-id", "X-Team")) == {"X-Session-ID": "theirs", "X-Team": "a"}
     keyed = Backend("hosted_vllm/m", api_base="http://127.0.0.1:1/v1", affinity_headers=("X-Routing-Key",))
     assert routing_headers(keyed, None, {"X-Routing-Key": "r", "X-Api-Key": "k"}) == {"X-Routing-Key": "r"}
-    assert forwardable_headers({"X-Big": "v" * 9000, "X-Session-ID": "s"}) == {"X-Session-ID": "s"}
+    assert forwardable_headers({"X-Big": "v" * 9000, "X-Session-ID": "s"}, ("X-Big", "X-Session-ID")) == {
+        "X-Session-ID": "s"}
     backend = Backend("hosted_vllm/m", api_base="http://127.0.0.1:1/v1")
     assert routing_headers(backend, "k" * 32, caller)["X-Session-ID"] == "theirs"
     assert routing_headers(backend, "k" * 32, {}) == {"X-Session-ID": "k" * 32}
     many = {f"X-H{i}": "v" * 100 for i in range(500)}
-    assert len(forwardable_headers(many)) <= 32
+    assert len(forwardable_headers(many, tuple(many))) <= 32
 
 
 def test_rendezvous_moves_only_the_conversations_of_a_replica_that_leaves():
@@ -152,7 +154,8 @@ def tier(servers, replicas):
     for server in (fast_server, *replicas):
         server.clear_requests()
     fast = Backend(f"hosted_vllm/{fast_server.model_id}", api_base=fast_server.api_base, name="fast")
-    slow = Backend("hosted_vllm/slow-tiny", api_base=[r.api_base for r in replicas], name="slow")
+    slow = Backend("hosted_vllm/slow-tiny", api_base=[r.api_base for r in replicas], name="slow",
+                   forward_headers=("X-Team",))  # a caller's X-Team rides on its warms (nothing unnamed does)
     return {"fast": fast, "slow": slow, "fast_server": fast_server, "replicas": replicas}
 
 
@@ -477,6 +480,7 @@ def test_recover_for_a_caller_that_sends_itself_visits_each_replica_once_then_fa
     fast; it never loops between two."""
     import httpx
 
+    from agentkv.errors import PoolExhaustedError
     from agentkv.testing import FakeHttp, models_answer
 
     http = FakeHttp(lambda method, url, body: models_answer("fast" if ":9/" in url else "slow",
@@ -492,7 +496,8 @@ def test_recover_for_a_caller_that_sends_itself_visits_each_replica_once_then_fa
             error = httpx.ConnectError("refused")
             try:
                 attempt = s.recover(attempt, error)
-            except httpx.ConnectError:
+            except PoolExhaustedError as exhausted:  # fast cannot hold it either: the pool's exhaustion ends the turn
+                assert isinstance(exhausted.__cause__, httpx.ConnectError)
                 break
         assert sorted(visited) == sorted(slow.replicas)
         assert s.stats()["replica_failovers"] == 2 and s.ejections.down(slow.replicas) == set(slow.replicas)

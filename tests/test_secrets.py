@@ -84,6 +84,7 @@ def test_count_events_carry_no_url_credentials():
 
 
 def test_redact_url_keeps_urls_without_credentials():
-    """A URL without userinfo is unchanged, query included; only the userinfo goes."""
-    assert redact_url("http://h:1/v1/models?x=a@b") == "http://h:1/v1/models?x=a@b"
+    """A URL without userinfo keeps its scheme, host, port and path; the userinfo and the query string go (a key may
+    ride in either)."""
+    assert redact_url("http://h:1/v1/models?x=a@b") == "http://h:1/v1/models"
     assert redact_url("https://u:p@h/v1") == "https://h/v1"

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import agentkv._env as _env
 from agentkv.state import RedisStore, WarmClaim
+from agentkv.telemetry import tenant_digest
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
 WORKERS, CONVERSATIONS, LEASE_S = 4, 200, 3.0  # lease = the workers' warm timeout (2 s) + 1 s
@@ -123,7 +125,9 @@ def test_four_replicas_share_the_cooldowns_the_bound_and_corrections_and_survive
     assert len(server.warms) == CONVERSATIONS and set(server.warms.values()) == {1}
     assert sum(o == "fire" for r in results for o in r["outcomes"]) == CONVERSATIONS
     assert 1 <= server.peak <= 4 and sum(r["saturated"] for r in results) > 0  # the bound was reached, never passed
-    assert [store.client.zcard(store.keys.cooldowns(f"tenant-{t}")) for t in (0, 1)] == [100, 100]
+    # each tenant's cooldown map, under the key its Sessions claim with: the tenant's digest (keyed by the secret)
+    tenants = [tenant_digest(f"tenant-{t}", _env.cache_salt_secret()) for t in (0, 1)]
+    assert [store.client.zcard(store.keys.cooldowns(t)) for t in tenants] == [100, 100]
 
     learned = workers.all([{"op": "overflow", "worker": 0}])[0]
     assert (learned["window"], learned["source"]) == (1200, "corrected")

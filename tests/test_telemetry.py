@@ -109,7 +109,7 @@ def test_a_conversation_that_warms_and_escalates_yields_the_documented_spans_and
     with session(fresh, tenant="acme", cache_salt_secret="k") as s:
         run_to_slow(s, history)
     check_conversation(spans, s, history)
-    assert all(sp.attributes.get("agentkv.tenant") in (None, agentkv.telemetry.tenant_digest("acme"))
+    assert all(sp.attributes.get("agentkv.tenant") in (None, agentkv.telemetry.tenant_digest("acme", "k"))
                for sp in spans.get_finished_spans())
     points = metric_points(reader)
     routes = sum(value for attrs, value in points["agentkv.routes"])

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from agentkv.backends import Backend, redact_secrets
-from agentkv.fleet import forwardable_headers, with_routing
+from agentkv.fleet import routing_headers, with_routing
 from agentkv.retry import CLIENT_RETRIES_OFF, TurnTries
 from agentkv.routing import RouteDecision
 from agentkv.tenancy import with_body_salt, with_cache_salt
@@ -116,11 +116,11 @@ def _copied(value: Any) -> Any:
 def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, timeout_s: float, *,
                 keep_caller_salt: bool = False, routing_key: str | None = None) -> dict[str, Any]:
     """A one-token request to ``slow`` carrying exactly what shapes the escalated request's prompt, and the caller's
-    routing headers (``extra_headers`` less credentials: :func:`agentkv.fleet.forwardable_headers`) with the
-    conversation's key, so that a router sends it where it sends the turn."""
+    routing headers (those of its ``extra_headers`` that ``slow`` names: :func:`agentkv.fleet.routing_headers`) with
+    the conversation's key, so that a router sends it where it sends the turn."""
     shaped = {k: kwargs[k] for k in PROMPT_KEYS if k in kwargs}
-    headers = forwardable_headers(kwargs.get("extra_headers") if isinstance(kwargs.get("extra_headers"), Mapping)
-                                  else None)
+    headers = routing_headers(slow, None, kwargs.get("extra_headers") if isinstance(kwargs.get("extra_headers"), Mapping)
+                              else None)
     if headers:
         shaped["extra_headers"] = headers
     messages = shaped.get("messages")

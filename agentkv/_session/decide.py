@@ -11,7 +11,8 @@ says and nothing else, as tenacity's ``Retrying.__call__`` does what ``BaseRetry
   fresh window facts; :func:`~agentkv.routing.plan_recovery` then clamps, escalates or gives up);
 - the try failed with an outage and there is another replica of the same pool or another backend: :class:`FailOver`
   (with fresh facts too: the conversation's next replica takes it, else :func:`~agentkv.routing.failover` decides
-  whether the other backend can);
+  whether the other backend can); also on a pool's last replica, whose failover ends the turn with the pool's
+  exhaustion (:class:`~agentkv.errors.PoolExhaustedError`) and tells the replica's breaker what happened;
 - anything else: :class:`GiveUp`, the error is the turn's answer.
 
 No I/O, no clock, no logging: tests drive it with plain values.
@@ -93,15 +94,15 @@ Action = Union[Send, HandOff, Recover, FailOver, Finish[Any], GiveUp]
 
 def next_action(decision: RouteDecision, outcome: Outcome | None, *, handed_off: bool, handoff_active: bool,
                 previous_role: Role | None, has_slow: bool, retry: RetryPolicy, streamed: bool,
-                other_replica: bool = False) -> Action:
+                other_replica: bool = False, pooled: bool = False) -> Action:
     """What the turn does next, given the attempt's ``decision`` and what happened to its last try (None before
     the first try of the attempt).
 
     ``handed_off``: the attempt's handoff already ran; ``handoff_active``: a KV mapper is configured;
     ``previous_role``: the role of the Session's last answered request (what makes this try the escalation);
     ``has_slow``: there is another backend to fail over to; ``other_replica``: the try's backend is a pool with a
-    replica not yet found down this turn; ``streamed``: the caller asked for a stream (a read timeout then never
-    counts as an outage)."""
+    replica not yet found down this turn; ``pooled``: the try's backend is a pool's replica;
+    ``streamed``: the caller asked for a stream (a read timeout then never counts as an outage)."""
     if outcome is None:
         if handoff_active and not handed_off and is_escalation(previous_role, decision):
             return HandOff()
@@ -112,6 +113,6 @@ def next_action(decision: RouteDecision, outcome: Outcome | None, *, handed_off:
     overflow = overflow_from_error(error)
     if overflow is not None:
         return Recover(error, overflow)
-    if (has_slow or other_replica) and retry.fails_over(error, streamed=streamed):
+    if (has_slow or other_replica or pooled) and retry.fails_over(error, streamed=streamed):
         return FailOver(error)
     return GiveUp(error)

@@ -126,10 +126,11 @@ def _tried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], T]
         return answer
 
     try:
-        return Answered(policy.call(once, attempts=attempt.turn.left(role, policy.attempts),
-                                    outages=not _pooled(session, attempt)))
+        answer = policy.call(once, attempts=attempt.turn.left(role, policy.attempts), outages=not _pooled(session, attempt))
     except Exception as error:
         return Failed(error)
+    _answered_by(session, attempt)
+    return Answered(answer)
 
 
 async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]],
@@ -148,10 +149,18 @@ async def _atried(session: SessionState, attempt: Attempt, send: Callable[[Attem
         return answer
 
     try:
-        return Answered(await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts),
-                                           outages=not _pooled(session, attempt)))
+        answer = await policy.acall(once, attempts=attempt.turn.left(role, policy.attempts),
+                                    outages=not _pooled(session, attempt))
     except Exception as error:
         return Failed(error)
+    _answered_by(session, attempt)
+    return Answered(answer)
+
+
+def _answered_by(session: SessionState, attempt: Attempt) -> None:
+    """A pool's replica answered the try: its breaker's streak of failures starts again (no I/O)."""
+    if _pooled(session, attempt) and attempt.backend.api_base is not None:
+        session.ejections.judge(attempt.backend.api_base, "ok", session=session.session_id, tenant=session.tenant)
 
 
 def _pooled(session: SessionState, attempt: Attempt) -> bool:

@@ -25,7 +25,7 @@ from agentkv._session import outside, steps
 from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Failed, FailOver, Recover
 from agentkv._session.drive import TurnEnd, arun, run
-from agentkv._session.inputs import request_payload
+from agentkv._session.inputs import check_headers, request_payload
 from agentkv._session.reactive import fail_over, recover
 from agentkv._session.state import DEFAULT_REQUEST_TIMEOUT_S, SessionState
 from agentkv._session.warm_prefix import prefix_report
@@ -86,22 +86,18 @@ class Session(SessionState):
 
     def close(self) -> None:
         """Stop accepting requests. In-flight warms are left to finish or time out; nothing waits. The Gemini
-        explicit caches its warms created are deleted in the background (``drain_warms`` waits for that)."""
+        explicit caches its requests created or read are released in the background, each deleted once no other
+        Session holds it (``drain_warms`` waits for that)."""
         self.closed = True
-        if self.explicit_caches or self._warm.created_caches:
-            def delete() -> None:
-                self.explicit_caches.absorb(self._warm.created_caches)
-                self.explicit_caches.delete(self.http, self._stats, self.session_id)
-
-            self._jobs.thread(delete)
+        if self.explicit_caches:
+            self._jobs.thread(self.explicit_caches.delete)
 
     async def aclose(self) -> None:
         """Async close. In-flight warm tasks run on, bounded by their timeout: a warm fired on the last
         turn of a call is exactly the one the next call wants."""
         self.closed = True
-        if self.explicit_caches or self._warm.created_caches:
-            self.explicit_caches.absorb(self._warm.created_caches)
-            self._jobs.task(self.explicit_caches.adelete(self.http, self._stats, self.session_id), 30.0)
+        if self.explicit_caches:
+            self._jobs.task(self.explicit_caches.adelete(), 30.0)
 
     # ----------------------------------------------------------------- a turn through litellm
 
@@ -141,11 +137,13 @@ class Session(SessionState):
         the same rules; its warm is a one-token ``/completions`` POST of the same prompt to a self-hosted
         slow backend (:attr:`Attempt.text` says which endpoint the attempt is for).
 
-        ``headers``: the request's own HTTP headers; its routing ones (credentials left out:
-        :func:`agentkv.fleet.forwardable_headers`) ride on its warm, so a router sends the warm where it sends the
-        request. Send each try with :func:`agentkv.wire.openai.routing_headers_of` besides the request's own: the
-        conversation's routing key goes there.
+        ``headers``: the request's own HTTP headers; those the slow backend names (its ``affinity_headers`` and
+        ``forward_headers``: :func:`agentkv.fleet.routing_headers`) ride on its warm, so a router sends the warm where
+        it sends the request; a header no client can send is a :class:`ConfigurationError` here. Send each try with
+        :func:`agentkv.wire.openai.routing_headers_of` besides the request's own: the conversation's routing key goes
+        there.
         """
+        check_headers(headers, "headers")  # before anything is counted or sent
         payload = steps.open_request(self, dict(body), text=True)
         known = steps.facts(self)
         attempt = steps.plan(self, dict(body), payload, steps.count(self, body, payload, known), known,
@@ -156,6 +154,7 @@ class Session(SessionState):
 
     async def aprepare(self, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None) -> Attempt:
         """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
+        check_headers(headers, "headers")
         payload = steps.open_request(self, dict(body), text=True)
         known = await steps.afacts(self)
         attempt = steps.plan(self, dict(body), payload, await steps.acount(self, body, payload, known), known,

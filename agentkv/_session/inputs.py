@@ -4,7 +4,8 @@
 builds it with :func:`to_facts` from the :class:`~agentkv.backends.WindowInfo` it gathered its own way
 (the async driver awaits). The checks raise before any count or network call: :func:`request_payload`
 reads a request's payload and refuses a malformed message list (:func:`check_messages`) with an
-:class:`~agentkv.errors.InvalidRequestError` naming the message and the field.
+:class:`~agentkv.errors.InvalidRequestError` naming the message and the field, and a header no HTTP client can
+send (:func:`check_headers`) with a :class:`~agentkv.errors.ConfigurationError` naming the header.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from agentkv._http import unsendable_header
 from agentkv.backends import Backend, WindowInfo
 from agentkv.errors import ConfigurationError, InvalidRequestError
 from agentkv.routing import Target, no_slow_target, slow_target
 from agentkv.tokens import Payload, TokenCounter, payload_from_request
 from agentkv.tokens.content_format import references_field
 
-__all__ = ["Facts", "check_backends", "check_messages", "check_timeout", "max_tokens_of", "request_payload",
+__all__ = ["Facts", "check_backends", "check_headers", "check_messages", "check_timeout", "max_tokens_of", "request_payload",
            "to_facts", "tool_call_id_required"]
 
 
@@ -74,9 +76,21 @@ def check_timeout(value: float | None) -> float | None:
     return value
 
 
+def check_headers(headers: Any, where: str) -> None:
+    """Raise :class:`ConfigurationError` naming the header (never its value) when one of ``headers`` cannot be sent:
+    CR, LF, NUL or non-ASCII characters in its name or value (a client would fail it on every try)."""
+    bad = unsendable_header(headers)
+    if bad is not None:
+        raise ConfigurationError(f"{where}: header '{bad}' cannot be sent: a header name must be an HTTP token and "
+                                 "its value printable ASCII (no CR, LF, NUL or non-ASCII characters)")
+
+
 def request_payload(kwargs: Mapping[str, Any], backends: Sequence[Backend], counters: Iterable[TokenCounter]) -> Payload:
     """The request's payload (:func:`~agentkv.tokens.payload_from_request`), its messages checked for every
-    backend the Session may send them to (``counters`` say which chat templates those render with)."""
+    backend the Session may send them to (``counters`` say which chat templates those render with), and its
+    ``extra_headers`` and ``headers`` checked (:func:`check_headers`)."""
+    for key in ("extra_headers", "headers"):
+        check_headers(kwargs.get(key), key)
     payload = payload_from_request(kwargs)
     if payload.messages is not None:
         templates = [counter.chat_template for counter in counters]

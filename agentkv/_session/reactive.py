@@ -8,12 +8,13 @@ over as data.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NoReturn
 
 from agentkv._session.attempts import Attempt
 from agentkv._session.inputs import Facts, max_tokens_of
 from agentkv._session.state import SessionState
 from agentkv._session.steps import log_route
-from agentkv.errors import ContextOverflowError
+from agentkv.errors import ContextOverflowError, PoolExhaustedError
 from agentkv._http import redact_url
 from agentkv.backends import Backend
 from agentkv.events import emit
@@ -72,21 +73,23 @@ def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overf
 
 def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
     """The next try when ``attempt``'s backend is down (``error`` is an outage:
-    :func:`~agentkv._session.decide.next_action` said so) and the other one can take the request; ``error``
-    propagates untouched when the other backend is closed for this turn (down, refused this request as too long,
-    or out of tries: see :class:`~agentkv.retry.TurnTries`) or cannot hold it."""
+    :func:`~agentkv._session.decide.next_action` said so): the conversation's next replica of a pool, else the other
+    backend when it can take the request. When neither can (the other backend is closed for this turn: down, refused
+    this request as too long, or out of tries, see :class:`~agentkv.retry.TurnTries`; or it cannot hold it), ``error``
+    ends the turn: as it is, or, when the failed backend is a pool, as the cause of a
+    :class:`~agentkv.errors.PoolExhaustedError` naming each replica's state."""
     moved = _next_replica(s, attempt, facts)
     if moved is not None:
         return _moved(s, attempt, error, moved)
     if s.slow is None:
-        raise error
+        _give_up(s, attempt, error, facts)
     attempt.turn.down.add(attempt.decision.role)
     facts = _for_turn(s, facts, attempt, exclude_refused=True)
     decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=s.routing,
                         route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
                         max_tokens=max_tokens_of(attempt.kwargs))
     if decision is None:
-        raise error
+        _give_up(s, attempt, error, facts)
     s._stats.add("failovers")
     attempt.turn.failovers += 1
     turns.failed_over(attempt, error=error, to=decision.backend, replica=False)
@@ -107,6 +110,30 @@ def _next_replica(s: SessionState, attempt: Attempt, facts: Facts) -> Backend | 
     url = choose(s.routing_key, pool.replicas, down=facts.down, tried={*attempt.turn.replicas_down,
                                                                         attempt.backend.api_base or ""})
     return None if url is None else s.replicas[pool.label][url]
+
+
+def _give_up(s: SessionState, attempt: Attempt, error: Exception, facts: Facts) -> NoReturn:
+    """End a turn no backend took after ``error``: when the failed backend is a pool, with a
+    :class:`~agentkv.errors.PoolExhaustedError` naming each replica's state this turn (``error`` its cause); else with
+    ``error`` itself."""
+    pool = s.replicas.get(attempt.backend.label)
+    if pool is None:
+        raise error
+    states = {redact_url(url): _replica_state(s, attempt, url, facts) for url in pool}
+    emit("pool_exhausted", level="warning", pool=attempt.backend.label, replicas=states, session=s.session_id,
+         tenant=s.tenant)
+    raise PoolExhaustedError(attempt.backend.label, states) from error
+
+
+def _replica_state(s: SessionState, attempt: Attempt, url: str, facts: Facts) -> str:
+    """What happened to the pool's replica ``url`` this turn: how its try failed, else why it was not tried."""
+    failed = attempt.turn.replica_failures.get(url)
+    if failed is not None:
+        return failed
+    if url in facts.down:
+        left = s.ejections.cooling_s(url)
+        return f"ejected (cooling off {left:.0f} s)" if left else "ejected"
+    return "not tried"
 
 
 def _moved(s: SessionState, attempt: Attempt, error: Exception, replica: Backend) -> Attempt:

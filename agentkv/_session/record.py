@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any, Callable
 
 from agentkv._session.attempts import Attempt
-from agentkv.wire.usage import StreamWatcher, Usage, response_usage
+from agentkv.wire.usage import StreamWatcher, Usage, report_rejected, response_usage, token_figure
 from agentkv.errors import check_positive_int
 from agentkv._http import redact_url
 from agentkv.events import emit, enabled
@@ -55,9 +55,10 @@ class Recorder:
         self.previous_role = decision.role
 
         def answered(usage: Usage) -> None:
+            report_rejected(usage, backend=attempt.backend.label, session=self._session, tenant=self._tenant)
             self._cached(entry, usage.cached_tokens, escalation)
             if on_usage is not None:
-                on_usage(usage)
+                self._taught(on_usage, usage, attempt.backend.label)
 
         if attempt.kwargs.get("stream"):
             return StreamWatcher(response, answered)
@@ -79,13 +80,26 @@ class Recorder:
         return self._append(count, backend, "observed", warm)
 
     def record_usage(self, turn: int, cached_tokens: int | None) -> None:
-        """Attach a response's cached-token count to a ledger turn."""
+        """Attach a response's cached-token count to a ledger turn (one that is not a believable count, see
+        :func:`~agentkv.wire.usage.token_figure`, is recorded as unknown, with a ``usage_rejected`` event)."""
         index = turn - 1 - self._dropped
         if not 0 <= index < len(self.ledger):
             held = f"turns {self._dropped + 1} to {self._dropped + len(self.ledger)}" if self.ledger else "no turns"
             raise ValueError(f"no ledger turn {turn}; the ledger holds {held}")
-        self.ledger[index] = replace(self.ledger[index], cached_tokens=cached_tokens)
-        self._count_cached(cached_tokens)
+        cached, why = token_figure(cached_tokens)
+        if why is not None:
+            report_rejected(Usage(rejected=(("cached_tokens", why),)), backend=self.ledger[index].backend,
+                            session=self._session, tenant=self._tenant)
+        self.ledger[index] = replace(self.ledger[index], cached_tokens=cached)
+        self._count_cached(cached)
+
+    def _taught(self, on_usage: Callable[[Usage], None], usage: Usage, backend: str) -> None:
+        """Hand ``usage`` to what learns from it; the answer has arrived, so nothing learned from it may fail its
+        turn (or break the caller's stream): a failure is a ``usage_unlearned`` error event instead."""
+        try:
+            on_usage(usage)
+        except Exception as exc:  # noqa: BLE001 - the caller's answer is already in hand
+            emit("usage_unlearned", level="error", backend=backend, error=type(exc).__name__, session=self._session)
 
     def _append(self, count: TokenCount, backend: str, reason: str, warm: str) -> LedgerEntry:
         entry = LedgerEntry(self._dropped + len(self.ledger) + 1, count.total, count.tools,

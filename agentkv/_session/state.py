@@ -27,6 +27,7 @@ from agentkv.state import StateStore, ejections_for
 from agentkv.state.config import resolve_state
 from agentkv.stats import SessionStats
 from agentkv._session.explicit_caches import ExplicitCaches
+from agentkv.telemetry import tenant_digest
 from agentkv.tenancy import keeps_caller_salt, resolve_cache_salt
 from agentkv.tokens import Payload, TokenCounter
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
@@ -82,6 +83,7 @@ class SessionState:
         secret = cache_salt_secret or _env.cache_salt_secret()
         self.cache_salt = resolve_cache_salt(tenant, cache_salt, secret, self_hosted=any(b.self_hosted for b in self._backends()))
         self.routing_key = routing_key(tenant, self.session_id, secret)  # opaque: routers log headers
+        self._tenant_digest = tenant_digest(tenant, secret)  # what spans carry for the tenant: keyed by the secret
         self.ejections = ejections_for(self.state)
         # each pool's replicas as Backends (label -> url -> replica), and every pooled URL (what ejections are read for)
         self.replicas = {b.label: {url: b.replica(url) for url in b.replicas} for b in self._backends() if b.is_pool}
@@ -106,9 +108,12 @@ class SessionState:
         self.last_route: RouteDecision | None = None
         self._history: list[Payload] = []
         self._jobs = BackgroundJobs()
-        self.explicit_caches = ExplicitCaches()  # the Gemini explicit caches its warms created (deleted at close)
+        # the Gemini explicit caches its requests create or read: its client creates and names them, close releases them
+        self.explicit_caches = ExplicitCaches(self.session_id, tenant, self.http, self._stats)
+        self.client = self.explicit_caches.client(self.client, self._backends())
         self._warm = WarmAhead(warm_ahead, self.state, self._stats, self._jobs, session_id=self.session_id,
-                               tenant=tenant, clock=clock or time.monotonic)
+                               tenant=tenant, clock=clock or time.monotonic,
+                               tenant_key=None if tenant is None else self._tenant_digest)
         self._warm.ejections, self._warm.cooloff_s = self.ejections, retry.replica_cooloff_s
         self._record = Recorder(self._stats, rows=ledger_rows, session=self.session_id, tenant=tenant)
         self._sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change

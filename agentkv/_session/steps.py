@@ -7,6 +7,7 @@ handoff at the escalation, and what happens at its answer. The drivers (:mod:`ag
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import agentkv._env as _env
@@ -22,7 +23,8 @@ from agentkv._session.warm_prefix import schedule_warm_prefix_check
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
 from agentkv.fleet import HOME_IDLE_S, HOME_SLACK, affinity_missed, pool_window, routing_headers
-from agentkv.retry import is_outage, outage_cause
+from agentkv.fleet.breaker import Evidence
+from agentkv.retry import outage_cause, replica_evidence, replica_state
 from agentkv.state import StateUnavailable
 from agentkv.telemetry import turns
 from agentkv.telemetry.otel import ended
@@ -52,7 +54,8 @@ def facts(s: SessionState) -> Facts:
     homes = {}
     for b in _pools(s):
         try:
-            homes[b.label] = s.state.home_replica(*_home_ask(s, b), down, slack=HOME_SLACK, idle_s=HOME_IDLE_S)
+            homes[b.label] = s.state.home_replica(*_home_ask(s, b), down, slack=HOME_SLACK, idle_s=HOME_IDLE_S,
+                                                  tenant=s._tenant_digest or "")
         except StateUnavailable:  # no home known: the conversation's first choice (rendezvous alone)
             pass
     s.last_facts = to_facts(s.fast, s.slow, fast, slow, down, homes)
@@ -71,7 +74,8 @@ async def afacts(s: SessionState) -> Facts:
     homes = {}
     for b in _pools(s):
         try:
-            homes[b.label] = await s.state.ahome_replica(*_home_ask(s, b), down, slack=HOME_SLACK, idle_s=HOME_IDLE_S)
+            homes[b.label] = await s.state.ahome_replica(*_home_ask(s, b), down, slack=HOME_SLACK, idle_s=HOME_IDLE_S,
+                                                         tenant=s._tenant_digest or "")
         except StateUnavailable:
             pass
     s.last_facts = to_facts(s.fast, s.slow, fast, slow, down, homes)
@@ -83,7 +87,8 @@ def _pools(s: SessionState) -> list[Backend]:
 
 
 def _home_ask(s: SessionState, pool: Backend) -> tuple[str, str, tuple[str, ...]]:
-    """What the state store is asked for the conversation's home in ``pool``: the pool, the key, its ranking."""
+    """What the state store is asked for the conversation's home in ``pool``: the pool, the key, its ranking (with
+    the tenant, whose share of the store's bound it counts against)."""
     return s.pool_ids[pool.label], s.routing_key, s.rankings[pool.label]
 
 
@@ -177,7 +182,7 @@ def plan(s: SessionState, kwargs: dict[str, Any], payload: Payload, counted: Tok
     attempt = Attempt(decision, s._addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
                       timeout_s=s.request_timeout_s, sent_at=s._stamp(), keeps_caller_salt=s._keeps_caller_salt,
                       routing_key=s.routing_key, headers=headers or {}, cache_end=s.cache_end)
-    turns.planned(attempt, tenant=s.tenant, conversation=s.routing_key, warm_span=s._warm.span,
+    turns.planned(attempt, tenant=s._tenant_digest, conversation=s.routing_key, warm_span=s._warm.span,
                   escalation=is_escalation(s._record.previous_role, decision))
     return attempt
 
@@ -197,7 +202,8 @@ def next_step(s: SessionState, attempt: Attempt, outcome: Outcome | None) -> Act
     """What ``attempt``'s turn does next (:func:`~agentkv._session.decide.next_action` over this Session's state)."""
     return next_action(attempt.decision, outcome, handed_off=attempt.handed_off, handoff_active=s.handoff.active,
                        previous_role=s._record.previous_role, has_slow=s.slow is not None, retry=s.retry,
-                       streamed=attempt.turn.streamed, other_replica=_other_replica(s, attempt))
+                       streamed=attempt.turn.streamed, other_replica=_other_replica(s, attempt),
+                       pooled=attempt.backend.label in s.replicas)
 
 
 def _other_replica(s: SessionState, attempt: Attempt) -> bool:
@@ -241,7 +247,6 @@ def finish(s: SessionState, attempt: Attempt, response: Any, *, asynchronous: bo
         if prediction is not None:
             prediction.reported(usage.cached_tokens)
         account(s._stats, attempt.backend, usage, escalation=escalation and warmed is not None, session=s.session_id)
-        _remember_explicit(s, attempt, usage)
         _answered_usage(s, attempt, usage, expected)
         turns.answered(attempt, usage, escalation=escalation, warm_tokens=warm_tokens if warmed is not None else None)
 
@@ -275,12 +280,13 @@ def _affinity(s: SessionState, attempt: Attempt, usage: Usage, expected: int | N
 
 
 def _answered_usage(s: SessionState, attempt: Attempt, usage: Usage, expected: int | None = None) -> None:
-    """What an answer's usage teaches: the server's exact prompt count trains the backend's estimate bound,
-    and a silent server clamp (vLLM 0.32: 200, ``finish_reason`` "length", fewer tokens than sent) is
-    recorded and sends discovery back to the server for the real window."""
+    """What an answer's usage teaches: the server's prompt count is this Session's claim toward the backend's
+    estimate bound (:mod:`agentkv.tokens.bound`: no single answer widens it), and a silent server clamp (vLLM 0.32:
+    200, ``finish_reason`` "length", fewer tokens than sent) is recorded and sends discovery back to the server for
+    the real window. ``usage`` was checked when read (:func:`agentkv.wire.usage.token_figure`)."""
     _affinity(s, attempt, usage, expected)
     if usage.prompt_tokens is not None:
-        s._counter(attempt.backend).learn(attempt.payload, usage.prompt_tokens, origin="usage")
+        s._counter(attempt.backend).learn(attempt.payload, usage.prompt_tokens, origin="usage", session=s.session_id)
     if server_clamped(usage, attempt.decision.max_tokens):
         s._record.server_clamp(attempt, usage, session=s.session_id, tenant=s.tenant)
         s.discovery.rediscover(attempt.backend)
@@ -323,11 +329,45 @@ async def amaybe_warm(s: SessionState, attempt: Attempt, known: Facts) -> None:
 
 def _check_warm_replica(s: SessionState, attempt: Attempt, slow: Backend, *, asynchronous: bool) -> None:
     """A conversation warmed on a pool's replica and still on fast: check, in the background and at most every few
-    seconds per replica, that the replica is up (``/health``), so that one gone down is ejected and the conversation
-    warmed again on its next replica before it escalates, not found cold at the escalation."""
+    seconds per replica, that the replica is up (``/health``). One found dead is ejected, and the conversation is
+    warmed again on its next replica at once, in the same background job (with this turn's request: the prefix the
+    last warm sent and what came since), so that its escalation, even its very next turn, finds it warm."""
     if attempt.warm != "cooldown" or s._warm.replica is None or attempt.decision.role != "fast":
         return
-    _probe(s, s._warm.replica, slow.server_root, asynchronous=asynchronous)
+    _probe(s, s._warm.replica, slow.server_root, asynchronous=asynchronous, rewarm=attempt)
+
+
+def _rewarm_moved(s: SessionState, attempt: Attempt) -> None:
+    """(A health check's job) ``attempt``'s conversation lost the replica its warm sat on: warm its next one now."""
+    try:
+        slow = _warm_target(s, facts(s))  # the replica found dead is out: the conversation's next one
+        if s._warm.moved(attempt.payload, attempt.count.total):
+            _send_warm(s, replace(attempt, warm="fire"), slow, asynchronous=False)
+    except Exception as exc:  # a background re-warm never raises into anyone
+        _move_failed(s, exc)
+
+
+async def _arewarm_moved(s: SessionState, attempt: Attempt) -> None:
+    try:
+        slow = _warm_target(s, await afacts(s))
+        if await s._warm.amoved(attempt.payload, attempt.count.total):
+            _send_warm(s, replace(attempt, warm="fire"), slow, asynchronous=True)
+    except Exception as exc:
+        _move_failed(s, exc)
+
+
+def _move_failed(s: SessionState, exc: Exception) -> None:
+    s._stats.add("warm_failed")
+    emit("warm_replica_move_failed", level="warning", error=type(exc).__name__, session=s.session_id)
+
+
+def _snapshot(attempt: Attempt) -> Attempt:
+    """``attempt`` as it is now (its messages list and payload copied), for a job that may run after the caller has
+    appended to its own list."""
+    kwargs = dict(attempt.kwargs)
+    if isinstance(kwargs.get("messages"), list):
+        kwargs["messages"] = list(kwargs["messages"])
+    return replace(attempt, kwargs=kwargs, payload=detached(attempt.payload))
 
 
 def _probe_probation(s: SessionState, *, asynchronous: bool) -> None:
@@ -339,11 +379,14 @@ def _probe_probation(s: SessionState, *, asynchronous: bool) -> None:
             _probe(s, url, backend.server_root, asynchronous=asynchronous)
 
 
-def _probe(s: SessionState, replica: str, root: str | None, *, asynchronous: bool) -> None:
-    """``GET {root}/health`` in the background, when due for ``replica``: up confirms it, an outage ejects it."""
+def _probe(s: SessionState, replica: str, root: str | None, *, asynchronous: bool,
+           rewarm: Attempt | None = None) -> None:
+    """``GET {root}/health`` in the background, when due for ``replica``: up confirms it, an outage ejects it (and,
+    with ``rewarm``, the attempt whose conversation's warm sat on it, warms that conversation's next replica)."""
     if root is None or not s.ejections.probe_due(replica):
         return
     url, cooloff = f"{root}/health", s.retry.replica_cooloff_s
+    moved = None if rewarm is None else _snapshot(rewarm)
 
     def probe() -> None:
         try:
@@ -351,6 +394,8 @@ def _probe(s: SessionState, replica: str, root: str | None, *, asynchronous: boo
         except Exception as error:  # a probe never raises into anyone
             if _probe_outage(error):
                 s.ejections.mark(replica, cooloff)
+                if moved is not None:
+                    _rewarm_moved(s, moved)
             return
         if s.ejections.on_probation((replica,)):
             s.ejections.confirm(replica)
@@ -361,12 +406,14 @@ def _probe(s: SessionState, replica: str, root: str | None, *, asynchronous: boo
         except Exception as error:
             if _probe_outage(error):
                 await s.ejections.amark(replica, cooloff)
+                if moved is not None:
+                    await _arewarm_moved(s, moved)
             return
         if s.ejections.on_probation((replica,)):
             s.ejections.confirm(replica)
 
     if asynchronous:
-        s._jobs.task(aprobe(), 3.0)
+        s._jobs.task(aprobe(), 3.0 if moved is None else 3.0 + s.warm_ahead.timeout_s)
     else:
         s._jobs.thread(probe)
 
@@ -424,36 +471,33 @@ def _send_warm(s: SessionState, attempt: Attempt, slow: Backend, asynchronous: b
     (s._warm.asend if asynchronous else s._warm.send)(call, s.client, trace)
 
 
-def _remember_explicit(s: SessionState, attempt: Attempt, usage: Usage) -> None:
-    """Note the Gemini explicit cache this turn created, to delete it at close (never raises into the turn)."""
-    if not attempt.backend.explicit_cache or not usage.cache_write_tokens:
-        return
-    try:
-        s.explicit_caches.remember(attempt.backend, attempt.call_kwargs)
-    except Exception as exc:  # litellm's helpers moved: the cache lapses at its TTL instead
-        emit("explicit_cache_unnamed", level="warning", backend=attempt.backend.label, error=type(exc).__name__,
-             session=s.session_id)
-
-
 # ----------------------------------------------------------------- a pool's replica found down
 
 def eject(s: SessionState, attempt: Attempt, error: Exception) -> None:
-    """``attempt``'s replica is down (``error`` is an outage): leave it out for the retry policy's cool-off, here and
-    for every process on the state store, and never try it again this turn. Nothing for a backend that is no pool."""
-    url = _pooled_replica(s, attempt, error)
-    if url is not None:
-        s.ejections.mark(url, s.retry.replica_cooloff_s)
+    """``attempt``'s replica failed the try with ``error`` (an outage: the turn fails over): never tried again this
+    turn, and its breaker told (:mod:`agentkv.fleet.breaker`): it is ejected for the retry policy's cool-off only on
+    evidence that it is failing (a refused or reset connection; failures of several conversations in a row), not for
+    this request's failure. Nothing for a backend that is no pool."""
+    failed = _pooled_replica(s, attempt, error)
+    if failed is not None:
+        s.ejections.observe(*failed, session=s.session_id, tenant=s.tenant, cooloff_s=s.retry.replica_cooloff_s)
 
 
 async def aeject(s: SessionState, attempt: Attempt, error: Exception) -> None:
-    url = _pooled_replica(s, attempt, error)
-    if url is not None:
-        await s.ejections.amark(url, s.retry.replica_cooloff_s)
+    failed = _pooled_replica(s, attempt, error)
+    if failed is not None:
+        await s.ejections.aobserve(*failed, session=s.session_id, tenant=s.tenant,
+                                   cooloff_s=s.retry.replica_cooloff_s)
 
 
-def _pooled_replica(s: SessionState, attempt: Attempt, error: Exception) -> str | None:
+def _pooled_replica(s: SessionState, attempt: Attempt, error: Exception) -> tuple[str, Evidence] | None:
+    """The failed try's replica and what its error says about it (recorded on the turn), or None (no pool's)."""
     url = attempt.backend.api_base
-    if url is None or url not in s.replicas.get(attempt.backend.label, {}) or not is_outage(error):
+    if url is None or url not in s.replicas.get(attempt.backend.label, {}):
+        return None
+    evidence = replica_evidence(error, fails_over=s.retry.fails_over(error, streamed=attempt.turn.streamed))
+    if evidence is None:
         return None
     attempt.turn.replicas_down.add(url)
-    return url
+    attempt.turn.replica_failures[url] = replica_state(error)
+    return url, evidence

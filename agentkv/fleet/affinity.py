@@ -1,5 +1,5 @@
 """A conversation's identity on the wire: the routing key every request of a conversation carries, and which of a
-caller's own headers may ride on the requests agentkv sends for it (its warms).
+caller's own headers may ride on the requests agentkv sends for it (its warms): an allow-list, never a deny-list.
 
 Routers keep a conversation on one replica when each of its requests carries the same session key: the vLLM router's
 ``consistent_hash`` reads ``X-Session-ID`` (then ``user``), llm-d a configured ``session_id_header``, the production
@@ -9,12 +9,15 @@ the conversation, never either of them.
 
     key = routing_key("acme", "conversation-7", secret=b"...")   # 32 hex characters
     routing_headers(backend, key, caller={"X-Session-ID": "theirs"})   # the caller's own key wins
+
+A warm repeats only the caller's headers the backend names: its ``affinity_headers`` and its ``forward_headers``
+(``Backend(forward_headers=("X-Route-Hint",))``). No list of forbidden names can know every credential header
+(``X-Goog-IAP-JWT-Assertion``, ``X-Forwarded-Client-Cert``, a header called ``Bearer``), so none is kept.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any, Mapping
 
 from agentkv.backends import Backend
@@ -24,12 +27,6 @@ __all__ = ["DEFAULT_AFFINITY_HEADERS", "affinity_missed", "forwardable_headers",
 
 DEFAULT_AFFINITY_HEADERS = ("X-Session-ID",)
 
-# Headers a warm never repeats from the caller's request: credentials (they may be meant for one backend only),
-# what the HTTP client sets itself, and what describes the body (a warm's body is its own).
-_NOT_FORWARDED = re.compile(
-    r"(?i)^(.*(auth|key|token|secret|passw|cookie|credential|signature|session-token).*|"
-    r"host|content-length|content-type|content-encoding|transfer-encoding|connection|keep-alive|te|trailer|upgrade|"
-    r"accept-encoding|expect|x-stainless-.*|openai-organization|openai-project|anthropic-.*)$")
 _MAX_FORWARDED = 32  # headers, and 8 KiB of them: whatever a caller sends, a warm carries a bounded set
 _MAX_FORWARDED_BYTES = 8192
 _KEY_DOMAIN = b"agentkv-routing-key-v1"
@@ -46,18 +43,15 @@ def routing_key(tenant: str | None, session_id: str, secret: str | bytes | None 
     return digest.hexdigest()
 
 
-def forwardable_headers(headers: Mapping[str, Any] | None, keep: tuple[str, ...] = ()) -> dict[str, str]:
-    """The caller's headers a warm repeats so that it lands where the caller's own turn lands: every string header
-    but credentials (any name with auth, key, token, secret, passw, cookie, credential or signature in it), hop-by-hop
-    and body-describing ones (bounded: at most 32 headers, 8 KiB in all). Names in ``keep`` (a backend's affinity
-    headers) go whatever they are called."""
+def forwardable_headers(headers: Mapping[str, Any] | None, allowed: tuple[str, ...] = ()) -> dict[str, str]:
+    """The caller's headers a warm repeats so that it lands where the caller's own turn lands: only the string
+    headers named in ``allowed`` (case-insensitive: a backend's affinity and forward headers, :func:`routing_headers`),
+    at most 32 of them and 8 KiB in all. Nothing else, whatever it is called."""
     kept: dict[str, str] = {}
     size = 0
-    named = {name.lower() for name in keep}
+    named = {name.lower() for name in allowed}
     for name, value in (headers or {}).items():
-        if not isinstance(name, str) or not isinstance(value, str):
-            continue
-        if name.lower() not in named and _NOT_FORWARDED.match(name):
+        if not isinstance(name, str) or not isinstance(value, str) or name.lower() not in named:
             continue
         if len(kept) >= _MAX_FORWARDED or size + len(name) + len(value) > _MAX_FORWARDED_BYTES:
             continue  # one large header never crowds out a later one that fits (a session header among them)
@@ -67,9 +61,10 @@ def forwardable_headers(headers: Mapping[str, Any] | None, keep: tuple[str, ...]
 
 
 def routing_headers(backend: Backend, key: str | None, caller: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The headers a request to ``backend`` carries: the caller's forwardable ones, then ``key`` under each of the
-    backend's affinity header names the caller did not set itself (a caller's own session header wins)."""
-    headers = forwardable_headers(caller, backend.affinity_headers)
+    """The headers a request to ``backend`` carries: the caller's headers the backend names (its ``affinity_headers``
+    and ``forward_headers``), then ``key`` under each affinity header name the caller did not set itself (a caller's
+    own session header wins)."""
+    headers = forwardable_headers(caller, backend.affinity_headers + backend.forward_headers)
     if key is None:
         return headers
     taken = {name.lower() for name in headers}

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns the exit status (2 for a bad configuration)."""
     from agentkv.errors import ConfigurationError
     from agentkv.gateway.auth import load_api_keys
-    from agentkv.gateway.config import GatewayConfig
+    from agentkv.gateway.config import GatewayConfig, shown_urls
 
     try:
         config = GatewayConfig(fast_url=args.fast, fast_model=args.fast_model, slow_url=args.slow,
@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging()
     from agentkv.gateway.serve import serve
 
-    print(f"agentkv gateway: http://{config.host}:{config.port}/v1 (fast {config.fast_model} at {config.fast_url}, "
-          f"slow {config.slow_model} at {config.slow_url}, {config.workers} worker(s))", file=sys.stderr, flush=True)
+    print(f"agentkv gateway: http://{config.host}:{config.port}/v1 (fast {config.fast_model} at "
+          f"{shown_urls(config.fast_url)}, slow {config.slow_model} at {shown_urls(config.slow_url)}, "
+          f"{config.workers} worker(s))", file=sys.stderr, flush=True)
     serve(config)
     return 0

@@ -25,9 +25,10 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
+from agentkv._http import redact_url
 from agentkv.errors import ConfigurationError
 
-__all__ = ["CONFIG_ENV", "GatewayConfig"]
+__all__ = ["CONFIG_ENV", "GatewayConfig", "shown_urls", "urls_of"]
 
 CONFIG_ENV = "AGENTKV_GATEWAY_CONFIG"
 _LIMITS_ENV = {
@@ -69,7 +70,7 @@ class GatewayConfig:
             url = getattr(self, name)
             if not isinstance(url, str) or not all(u.strip().startswith(("http://", "https://")) for u in url.split(",")):
                 raise ConfigurationError(f"--{name[:4]} must be an http(s) base URL ending in /v1 (or a comma-separated "
-                                         f"list of them, a pool), got {url!r}")
+                                         f"list of them, a pool), got {shown_urls(url)!r}")
         for name in ("fast_model", "slow_model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
                 raise ConfigurationError(f"--{name.replace('_', '-')} must name the model the backend serves")
@@ -110,6 +111,11 @@ class GatewayConfig:
         data = json.loads(raw)
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def shown_urls(value: object) -> object:
+    """A configured URL (or comma-separated list) as messages show it: no credentials, query string or fragment."""
+    return ",".join(redact_url(u.strip()) for u in value.split(",")) if isinstance(value, str) else value
 
 
 def urls_of(value: str) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from agentkv._session import Attempt, Session, TurnEnd
-from agentkv.errors import AnswerTooLarge, ContextOverflowError
+from agentkv.errors import AnswerTooLarge, ContextOverflowError, PoolExhaustedError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.exchange import JSON, Reply
@@ -99,13 +99,13 @@ def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[HttpAnsw
     """The client's answer: the backend's (streamed through, or whole), its error in OpenAI's shape, or the
     gateway's own 502/504 when no backend could be reached or its answer was too large to take whole."""
     attempt, error = ended.attempt, ended.error
-    answer = error.__cause__ if isinstance(error, ContextOverflowError) else error
+    answer = error.__cause__ if isinstance(error, (ContextOverflowError, PoolExhaustedError)) else error
     if isinstance(answer, Rejected):
         if answer.status_code not in RECOVERABLE:
             ctx.metrics.observe(attempt.decision.role, waited_s)
         return _upstream_error(ctx, attempt, answer.status_code, answer.raw)
-    if isinstance(error, httpx.HTTPError):
-        return _unreachable(ctx, attempt, error)
+    if isinstance(answer, httpx.HTTPError):
+        return _unreachable(ctx, attempt, answer)
     if isinstance(error, AnswerTooLarge):
         ctx.metrics.upstream_errors.labels(attempt.decision.role, "502").inc()
         emit("gateway.answer_too_large", level="warning", backend=attempt.decision.role, limit=error.limit)

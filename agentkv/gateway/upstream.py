@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 import httpx
 import httptools
 
-from agentkv._http import HttpxTransport
+from agentkv._http import HttpxTransport, redact_url
 from agentkv.errors import AnswerTooLarge
 
 __all__ = ["HIGH_WATER", "Started", "Upstream", "UpstreamResponse"]
@@ -129,7 +129,7 @@ class Upstream:
         if known is None:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise httpx.UnsupportedProtocol(f"not an http(s) URL: {url!r}")
+                raise httpx.UnsupportedProtocol(f"not an http(s) URL: {redact_url(url)!r}")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             host = parts.netloc.rsplit("@", 1)[-1]

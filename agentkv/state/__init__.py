@@ -1,5 +1,6 @@
 """State that many orchestrator replicas share: warm-ahead cooldowns and leases, discovered windows, backend replicas
-cooling off after an outage.
+cooling off after an outage, and each conversation's home replica in a pool (placed in O(1), within a bound on active
+conversations that each tenant may fill only its share of).
 
 - :mod:`agentkv.state.protocol`: the :class:`StateStore` Protocol and its value types;
 - :mod:`agentkv.state.memory`: :class:`InProcessStore`, one process's guards (the default);

@@ -2,14 +2,19 @@
 the :class:`~agentkv.state.StateStore` (with :class:`~agentkv.state.RedisStore`, ejections are shared by every
 process on that Redis).
 
-A replica found down (the try's error is an outage: :func:`agentkv.retry.outage_cause`) is marked for a cool-off;
-its conversations go to their next replica meanwhile (:func:`agentkv.fleet.choose`). The store is read
+A replica is marked for a cool-off on evidence that it is failing, not one request: what each try of a pooled replica
+ended in (:func:`agentkv.retry.replica_evidence`) is fed to its circuit breaker (:mod:`agentkv.fleet.breaker`, pure),
+and the breaker's verdict is carried out here; a health check that finds it down marks it too. Its conversations go to
+their next replica meanwhile (:func:`agentkv.fleet.choose`). The breaker's records are this process's: conversations
+and tenants are kept as digests under a key drawn at start, never written anywhere. The store is read
 at most once per ``refresh_s`` per pool, so choosing a replica costs a dictionary lookup on most requests. A store
 that does not answer leaves this process's own marks in force: an ejection is a guess, and a try tells.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 import time
 import weakref
@@ -17,26 +22,37 @@ from typing import Callable, Sequence
 
 from agentkv._http import redact_url
 from agentkv.events import emit
+from agentkv.fleet.breaker import BreakerRule, Evidence, ReplicaRecord, Verdict
 from agentkv.state.protocol import StateStore, StateUnavailable
 
 __all__ = ["DEFAULT_COOLOFF_S", "PROBE_EVERY_S", "Ejections", "ejections_for"]
 
 DEFAULT_COOLOFF_S = 30.0
 PROBE_EVERY_S = 5.0  # how often a process checks that a replica holding its conversations' warms is up
+_RECORDS_LIMIT = 4096  # replicas whose breaker records a process keeps
+_DIGEST_KEY = os.urandom(32)  # the breaker's digests are compared in this process only
+
+
+def _digest(kind: bytes, value: str) -> str:
+    return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=12, key=_DIGEST_KEY,
+                           person=kind).hexdigest()
 
 
 class Ejections:
     """Replicas marked down, per ``store``. ``mark``/``amark`` eject one for ``cooloff_s``; ``down``/``adown`` say
     which of a pool's replicas are out now.
 
-    A replica this process ejected stays out after its cool-off until a health check says it is up
-    (:meth:`on_probation`, :meth:`confirm`; a circuit breaker's half-open state): traffic goes back to a replica that
-    answers, not to one that is still dead."""
+    What each try of a replica ended in is fed to :meth:`observe`/:meth:`aobserve`; the replica is ejected when its
+    breaker (``rule``, :mod:`agentkv.fleet.breaker`) says so. A replica this process ejected stays out after its
+    cool-off until a health check says it is up (:meth:`on_probation`, :meth:`confirm`; a circuit breaker's half-open
+    state): traffic goes back to a replica that answers, not to one that is still dead."""
 
-    def __init__(self, store: StateStore, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: StateStore, *, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 rule: BreakerRule = BreakerRule()) -> None:
         self._store = weakref.ref(store)  # weak: ejections_for's map never keeps a store (and its connections) alive
-        self.refresh_s, self._clock = refresh_s, clock
+        self.refresh_s, self._clock, self.rule = refresh_s, clock, rule
         self._own: dict[str, float] = {}  # replica -> when this process's own mark ends (kept until confirmed up)
+        self._records: dict[str, ReplicaRecord] = {}  # replica -> its breaker's record
         self._seen: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}  # pool -> (read at, down then)
         self._probed: dict[str, float] = {}  # replica -> when this process last checked it was up
         self._lock = threading.Lock()
@@ -59,31 +75,72 @@ class Ejections:
             raise StateUnavailable("the state store is gone")
         return store
 
-    def _marked(self, replica: str, cooloff_s: float) -> bool:
+    def _marked(self, replica: str, cooloff_s: float, why: str) -> bool:
         """Record this process's mark; True when it is news (the replica was not already out here)."""
         now = self._clock()
         with self._lock:
             fresh = self._own.get(replica, 0.0) <= now
             self._own[replica] = now + cooloff_s
+            self._records.pop(replica, None)  # its streak is spent: after the cool-off, the count starts again
             self._seen.clear()  # the next read asks the store again
         if fresh:
-            emit("replica_ejected", level="warning", replica=redact_url(replica), cooloff_s=cooloff_s)
+            emit("replica_ejected", level="warning", replica=redact_url(replica), cooloff_s=cooloff_s, why=why)
         return fresh
 
-    def mark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S) -> None:
-        """Eject ``replica`` for ``cooloff_s``, here at once and in the store (best effort)."""
-        self._marked(replica, cooloff_s)
+    def mark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S, *, shared: bool = True,
+             why: str = "down") -> None:
+        """Eject ``replica`` for ``cooloff_s``, here at once and, when ``shared``, in the store (best effort)."""
+        self._marked(replica, cooloff_s, why)
+        if not shared:
+            return
         try:
             self.store.mark_down(replica, cooloff_s)
         except StateUnavailable:
             pass
 
-    async def amark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S) -> None:
-        self._marked(replica, cooloff_s)
+    async def amark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S, *, shared: bool = True,
+                    why: str = "down") -> None:
+        self._marked(replica, cooloff_s, why)
+        if not shared:
+            return
         try:
             await self.store.amark_down(replica, cooloff_s)
         except StateUnavailable:
             pass
+
+    def judge(self, replica: str, evidence: Evidence, *, session: str, tenant: str | None) -> Verdict:
+        """Feed ``replica``'s breaker what a try of (``tenant``, ``session``)'s conversation ended in; its verdict
+        (no I/O: :meth:`observe` carries an ejection out)."""
+        conversation = _digest(b"conversation", f"{tenant or ''}\0{session}")
+        now = self._clock()
+        with self._lock:
+            record = self._records.pop(replica, None) or ReplicaRecord()
+            record, verdict = record.observe(conversation, _digest(b"tenant", tenant or ""), evidence, now, self.rule)
+            if len(self._records) >= _RECORDS_LIMIT:
+                self._records.pop(next(iter(self._records)))  # the least recently fed
+            self._records[replica] = record
+        return verdict
+
+    def observe(self, replica: str, evidence: Evidence, *, session: str, tenant: str | None,
+                cooloff_s: float = DEFAULT_COOLOFF_S) -> Verdict:
+        """:meth:`judge`, then eject ``replica`` for ``cooloff_s`` when the verdict says so."""
+        verdict = self.judge(replica, evidence, session=session, tenant=tenant)
+        if verdict.eject:
+            self.mark(replica, cooloff_s, shared=verdict.shared, why=verdict.why)
+        return verdict
+
+    async def aobserve(self, replica: str, evidence: Evidence, *, session: str, tenant: str | None,
+                       cooloff_s: float = DEFAULT_COOLOFF_S) -> Verdict:
+        verdict = self.judge(replica, evidence, session=session, tenant=tenant)
+        if verdict.eject:
+            await self.amark(replica, cooloff_s, shared=verdict.shared, why=verdict.why)
+        return verdict
+
+    def cooling_s(self, replica: str) -> float | None:
+        """How long this process's own mark on ``replica`` has left (0 once on probation); None without one."""
+        with self._lock:
+            end = self._own.get(replica)
+        return None if end is None else max(0.0, end - self._clock())
 
     def on_probation(self, pool: Sequence[str]) -> list[str]:
         """The replicas of ``pool`` this process ejected whose cool-off is over, not yet confirmed up."""

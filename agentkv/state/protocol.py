@@ -12,7 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Literal, Protocol, Sequence, runtime_checkable
 
+from agentkv.errors import ConfigurationError
+
 ClaimOutcome = Literal["fire", "cooldown", "saturated"]
+
+
+def checked_home_bounds(max_active: int, tenant_share: float) -> tuple[int, float]:
+    """A store's bound on a pool's active conversations and a tenant's share of it, checked."""
+    if max_active < 1 or not 0 < tenant_share <= 1:
+        raise ConfigurationError(f"a store's max_active must be at least 1 and its tenant_share in (0, 1], not "
+                                 f"{max_active} and {tenant_share}")
+    return max_active, tenant_share
 
 
 class StateUnavailable(Exception):
@@ -94,12 +104,16 @@ class StateStore(Protocol):
     async def aread_down(self, keys: Sequence[str]) -> frozenset[str]: ...
 
     def home_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
-                     slack: float, idle_s: float) -> str:
+                     slack: float, idle_s: float, tenant: str = "") -> str:
         """Atomically: the replica of ``pool`` that is ``conversation``'s home (kept while it is active, its last
         request within ``idle_s``), else a new home: the first of ``ranked`` (the conversation's order of
         preference) not ``down`` whose active conversations are under ``ceil(slack * (active + 1) / up)``. A home
-        that is down is still answered (the caller goes to its next replica meanwhile, and back once it is up)."""
+        that is down is still answered (the caller goes to its next replica meanwhile, and back once it is up).
+
+        O(1) in the pool's active conversations (per-replica counts, never a scan). The store's bound on active
+        conversations, and ``tenant``'s share of it, are never an error: past either, a new conversation gets the
+        first of ``ranked`` not ``down`` and is not stored."""
         ...
 
     async def ahome_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
-                            slack: float, idle_s: float) -> str: ...
+                            slack: float, idle_s: float, tenant: str = "") -> str: ...

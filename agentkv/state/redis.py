@@ -1,11 +1,15 @@
-"""The fleet's store: cooldowns, in-flight leases and windows shared through Redis (redis-py).
+"""The fleet's store: cooldowns, in-flight leases, windows and homes shared through Redis (redis-py).
 
 Every claim is one Lua script (atomic on the server, one round trip); every key lives under
-``agentkv:{<namespace>}:`` (the braces keep a deployment's keys in one Redis Cluster slot, so the
-script may touch two of them); tenants and sessions appear only as short SHA-256 digests; nothing
-of a prompt is stored. Each call is bounded by ``timeout_s`` (50 ms by default) and, once one has
-failed, calls fail fast (:class:`StateUnavailable`) for ``retry_s`` before the store tries again:
-a Redis that is down or slow costs a request at most one timeout per ``retry_s``.
+``agentkv:{<namespace>}:`` (the braces keep a deployment's keys in one Redis Cluster slot, so a
+script may touch several of them). Tenants, sessions, pools and replicas appear only as opaque ids,
+keyed by the cache-salt secret when one is set (:func:`~agentkv.fleet.store_id`): no replica's URL,
+no tenant's name, nothing of a prompt is stored. A conversation's home is one script call whatever
+the pool's size (per-replica counts, never a scan of the homes), and survives Redis being away
+(this process's copy, :class:`~agentkv.state.memory.RecentHomes`). Each call is bounded by
+``timeout_s`` (50 ms by default) and, once one has failed, calls fail fast (:class:`StateUnavailable`)
+for ``retry_s`` before the store tries again: a Redis that is down or slow costs a request at most
+one timeout per ``retry_s``.
 
     store = RedisStore.from_url("redis://cache:6379/0", namespace="prod")
     Session(fast, slow, state=store)          # or agentkv.configure(state=store), or AGENTKV_REDIS_URL
@@ -14,11 +18,11 @@ a Redis that is down or slow costs a request at most one timeout per ``retry_s``
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Collection, Sequence, TypeVar
 
 import redis
@@ -27,8 +31,11 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import agentkv._env as _env
 from agentkv.events import emit
-from agentkv.state.protocol import ClaimOutcome, Lease, SharedWindow, StateUnavailable, WarmClaim
+from agentkv.fleet.rendezvous import HOME_MAX_ACTIVE, HOME_TENANT_SHARE, first_up, store_id, tenant_cap
+from agentkv.state.memory import FORGET_PER_CALL, RecentHomes
+from agentkv.state.protocol import checked_home_bounds, ClaimOutcome, Lease, SharedWindow, StateUnavailable, WarmClaim
 
 T = TypeVar("T")
 
@@ -55,75 +62,126 @@ return 'fire'
 """
 
 
-def digest(value: str) -> str:
-    """The short digest that stands for a tenant, a session or a backend in a key."""
-    return hashlib.sha256(value.encode()).hexdigest()[:16]
-
-
-# KEYS: the pool's homes (hash: conversation -> replica), its activity (zset: conversation -> last seen ms).
-# ARGV: conversation digest, idle ms, slack, then the ranked replicas, each followed by "1" when down.
+# KEYS: the pool's homes (hash: conversation -> "replica tenant"), its activity (zset: conversation -> last seen ms),
+# its counts (hash: "r:<replica>" and "t:<tenant>" -> active conversations).
+# ARGV: conversation, tenant, the home this process last saw ("" when none: it re-seeds a store that lost the
+# conversation), idle ms, slack, the bound, the tenant's share of it, how many idle conversations to forget at most,
+# then the ranked replicas, each followed by "1" when down. Every value is an opaque id. Nothing here reads every
+# home: each command touches one entry, one replica's count, or at most ARGV[8] idle conversations.
 HOME_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local idle = tonumber(ARGV[2])
-local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - idle, 'LIMIT', 0, 4096)
-for _, c in ipairs(old) do redis.call('HDEL', KEYS[1], c); redis.call('ZREM', KEYS[2], c) end
-local ranked, down = {}, {}
-for i = 4, #ARGV, 2 do
+local conv, tenant, hint, idle = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local function count(field, delta)
+  if redis.call('HINCRBY', KEYS[3], field, delta) <= 0 then redis.call('HDEL', KEYS[3], field) end
+end
+local function split(v)
+  local sp = string.find(v, ' ', 1, true) or (#v + 1)
+  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
+end
+local function forget(c)
+  local v = redis.call('HGET', KEYS[1], c)
+  redis.call('HDEL', KEYS[1], c)
+  redis.call('ZREM', KEYS[2], c)
+  if v then
+    local home, owner = split(v)
+    count('r:' .. home, -1)
+    count('t:' .. owner, -1)
+  end
+end
+for _, c in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - idle, 'LIMIT', 0, tonumber(ARGV[8]))) do
+  forget(c)
+end
+local ranked, down, known = {}, {}, {}
+for i = 9, #ARGV, 2 do
   ranked[#ranked + 1] = ARGV[i]
   down[ARGV[i]] = ARGV[i + 1] == '1'
+  known[ARGV[i]] = true
 end
-local home = redis.call('HGET', KEYS[1], ARGV[1])
-local known = false
-if home then for _, r in ipairs(ranked) do if r == home then known = true end end end
-if not known then
-  local cand = {}
-  for _, r in ipairs(ranked) do if not down[r] then cand[#cand + 1] = r end end
-  if #cand == 0 then cand = ranked end
-  local counts, total = {}, 0
-  for _, r in ipairs(cand) do counts[r] = 0 end
-  for _, r in ipairs(redis.call('HVALS', KEYS[1])) do
-    if counts[r] then counts[r] = counts[r] + 1; total = total + 1 end
-  end
-  local cap = math.ceil(tonumber(ARGV[3]) * (total + 1) / #cand)
-  home = nil
-  for _, r in ipairs(cand) do if home == nil and counts[r] < cap then home = r end end
-  if home == nil then home = cand[1] end
-  redis.call('HSET', KEYS[1], ARGV[1], home)
+local function refreshed(home)
+  redis.call('ZADD', KEYS[2], now, conv)
+  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], idle) end
+  return home
 end
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], idle)
-redis.call('PEXPIRE', KEYS[2], idle)
-return home
+local found = redis.call('HGET', KEYS[1], conv)
+if found then
+  local home = split(found)
+  if known[home] then return refreshed(home) end
+  forget(conv)
+end
+local up = {}
+for _, r in ipairs(ranked) do if not down[r] then up[#up + 1] = r end end
+if #up == 0 then up = ranked end
+local full = redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6])
+  or tonumber(redis.call('HGET', KEYS[3], 't:' .. tenant) or '0') >= tonumber(ARGV[7])
+if full then return up[1] end
+local home = nil
+if hint ~= '' and known[hint] then
+  home = hint
+else
+  local fields = {}
+  for i, r in ipairs(up) do fields[i] = 'r:' .. r end
+  local counts, total = redis.call('HMGET', KEYS[3], unpack(fields)), 0
+  for i = 1, #up do counts[i] = math.max(0, tonumber(counts[i] or '0')); total = total + counts[i] end
+  local cap = math.ceil(tonumber(ARGV[5]) * (total + 1) / #up)
+  for i, r in ipairs(up) do if home == nil and counts[i] < cap then home = r end end
+  if home == nil then home = up[1] end
+end
+redis.call('HSET', KEYS[1], conv, home .. ' ' .. tenant)
+count('r:' .. home, 1)
+count('t:' .. tenant, 1)
+return refreshed(home)
 """
 
 
 class KeyLayout:
-    """Every key a :class:`RedisStore` writes, under one deployment's namespace."""
+    """Every key a :class:`RedisStore` writes, under one deployment's namespace. Tenants, sessions, backends,
+    pools and replicas appear only as opaque ids (:func:`~agentkv.fleet.store_id`), keyed by ``secret`` or else
+    by ``AGENTKV_CACHE_SALT_SECRET`` (read at each call), the secret Sessions derive their cache salts from."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, secret: str | bytes | None = None) -> None:
         self.prefix = f"agentkv:{{{namespace}}}"
+        self._secret = secret
+
+    def id(self, kind: str, value: str) -> str:
+        """The opaque id of ``value`` (of ``kind``: "tenant", "session", "replica", ...) in this store."""
+        return store_id(kind, value, self._secret or _env.cache_salt_secret())
 
     def cooldowns(self, tenant: str) -> str:
-        return f"{self.prefix}:cooldown:{digest(tenant)}"
+        return f"{self.prefix}:cooldown:{self.id('tenant', tenant)}"
 
     def leases(self) -> str:
         return f"{self.prefix}:inflight"
 
     def window(self, key: str) -> str:
-        return f"{self.prefix}:window:{digest(key)}"
+        return f"{self.prefix}:window:{self.id('backend', key)}"
 
     def correction(self, key: str) -> str:
-        return f"{self.prefix}:correction:{digest(key)}"
+        return f"{self.prefix}:correction:{self.id('backend', key)}"
 
     def down(self, key: str) -> str:
-        return f"{self.prefix}:down:{digest(key)}"
+        return f"{self.prefix}:down:{self.id('replica', key)}"
 
     def homes(self, pool: str) -> str:
-        return f"{self.prefix}:homes:{digest(pool)}"
+        return f"{self.prefix}:homes:{self.id('pool', pool)}"
 
     def seen(self, pool: str) -> str:
-        return f"{self.prefix}:seen:{digest(pool)}"
+        return f"{self.prefix}:seen:{self.id('pool', pool)}"
+
+    def counts(self, pool: str) -> str:
+        return f"{self.prefix}:active:{self.id('pool', pool)}"
+
+
+@dataclass(frozen=True)
+class _HomeAsk:
+    """One placement: the script's keys and arguments, and what maps its answer (a replica's id) back to a URL."""
+
+    keys: list[str]
+    args: list[Any]
+    replicas: dict[str, str]  # id -> URL
+    pool: str
+    conversation: str
+    fallback: str  # the answer while the store is away (this process's last home, else rendezvous alone)
 
 
 class _Breaker:
@@ -159,12 +217,21 @@ _FAILURES = (redis.RedisError, OSError, asyncio.TimeoutError)
 class RedisStore:
     """A :class:`~agentkv.state.StateStore` on Redis: a sync client for sync drivers, an asyncio
     client per event loop for async ones. ``timeout_s`` bounds every call; ``retry_s`` is how long
-    calls fail fast after a failure (then the store reconnects by itself)."""
+    calls fail fast after a failure (then the store reconnects by itself).
+
+    ``secret`` keys every id in Redis (default: ``AGENTKV_CACHE_SALT_SECRET``). Homes: at most ``max_active``
+    active conversations per pool, a tenant at most ``tenant_share`` of them (past either, rendezvous alone); the
+    last ``recent_homes`` homes this process saw are kept here too, answered while Redis is away and re-seeded
+    into it when it comes back empty."""
 
     def __init__(self, url: str, *, namespace: str = "default", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 retry_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 retry_s: float = 1.0, clock: Callable[[], float] = time.monotonic, secret: str | bytes | None = None,
+                 max_active: int = HOME_MAX_ACTIVE, tenant_share: float = HOME_TENANT_SHARE,
+                 recent_homes: int = 100_000) -> None:
         self.url, self.namespace, self.timeout_s = url, namespace, timeout_s
-        self.keys = KeyLayout(namespace)
+        self.keys = KeyLayout(namespace, secret)
+        self.max_active, self.tenant_share = checked_home_bounds(max_active, tenant_share)
+        self._recent = RecentHomes(recent_homes, clock=clock)
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
                                    "decode_responses": True}
         self._options = options
@@ -216,7 +283,7 @@ class RedisStore:
     def _claim_args(self, claim: WarmClaim) -> tuple[list[str], list[Any], Lease]:
         lease = Lease(uuid.uuid4().hex, claim.limit)
         keys = [self.keys.cooldowns(claim.tenant), self.keys.leases()]
-        args = [digest(claim.session_id), _ms(claim.cooldown_s), claim.max_sessions, claim.limit, lease.token,
+        args = [self.keys.id("session", claim.session_id), _ms(claim.cooldown_s), claim.max_sessions, claim.limit, lease.token,
                 _ms(claim.lease_s)]
         return keys, args, lease
 
@@ -287,24 +354,46 @@ class RedisStore:
         return frozenset(key for key, value in zip(keys, values) if value)
 
     # ------------------------------------------------------------------ a pool's conversations
-    def _home_args(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], slack: float,
-                   idle_s: float) -> tuple[list[str], list[Any]]:
-        args: list[Any] = [digest(conversation), _ms(idle_s), repr(float(slack))]
-        for replica in ranked:
-            args += [replica, "1" if replica in down else "0"]
-        return [self.keys.homes(pool), self.keys.seen(pool)], args
+    def _home_ask(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], slack: float,
+                  idle_s: float, tenant: str) -> _HomeAsk:
+        ids = {self.keys.id("replica", url): url for url in ranked}
+        last = self._recent.get(pool, conversation, idle_s)
+        args: list[Any] = [self.keys.id("conversation", conversation), self.keys.id("tenant", tenant),
+                           "" if last is None else self.keys.id("replica", last), _ms(idle_s), repr(float(slack)),
+                           self.max_active, tenant_cap(self.max_active, self.tenant_share), FORGET_PER_CALL]
+        for replica_id, url in ids.items():
+            args += [replica_id, "1" if url in down else "0"]
+        keys = [self.keys.homes(pool), self.keys.seen(pool), self.keys.counts(pool)]
+        fallback = last if last is not None and last in ranked else first_up(ranked, down)
+        return _HomeAsk(keys, args, ids, pool, conversation, fallback)
+
+    def _settled(self, ask: _HomeAsk, answer: Any) -> str:
+        """The URL the store answered (its id mapped back), else the fallback; remembered as this process's copy."""
+        home = ask.replicas.get(str(answer), ask.fallback) if answer is not None else ask.fallback
+        self._recent.put(ask.pool, ask.conversation, home)
+        return home
 
     def home_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
-                     slack: float, idle_s: float) -> str:
-        keys, args = self._home_args(pool, conversation, ranked, down, slack, idle_s)
-        return str(self._call(lambda: self._home_script(keys=keys, args=args)))
+                     slack: float, idle_s: float, tenant: str = "") -> str:
+        """As the Protocol says, in one script call; while Redis is away (never raises), the home this process last
+        saw for the conversation, else its first replica up."""
+        ask = self._home_ask(pool, conversation, ranked, down, slack, idle_s, tenant)
+        try:
+            answer = self._call(lambda: self._home_script(keys=ask.keys, args=ask.args))
+        except StateUnavailable:
+            answer = None
+        return self._settled(ask, answer)
 
     async def ahome_replica(self, pool: str, conversation: str, ranked: Sequence[str], down: Collection[str], *,
-                            slack: float, idle_s: float) -> str:
-        keys, args = self._home_args(pool, conversation, ranked, down, slack, idle_s)
+                            slack: float, idle_s: float, tenant: str = "") -> str:
+        ask = self._home_ask(pool, conversation, ranked, down, slack, idle_s, tenant)
         self.async_client()
         script = self._async[asyncio.get_running_loop()][2]
-        return str(await self._acall(lambda c: script(keys=keys, args=args)))
+        try:
+            answer = await self._acall(lambda c: script(keys=ask.keys, args=ask.args))
+        except StateUnavailable:
+            answer = None
+        return self._settled(ask, answer)
 
     def close(self) -> None:
         """Close the sync client's connections (asyncio clients close with their loops)."""

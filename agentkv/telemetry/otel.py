@@ -13,22 +13,38 @@ Spans follow the OpenTelemetry GenAI semantic conventions (Development status):
 - one per KV handoff and one per count-source call that went over the network.
 
 No prompt text is recorded unless ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true`` (the conventions'
-switch); the tenant appears only as a digest. ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` drops the
-older ``gen_ai.system`` beside ``gen_ai.provider.name``.
+switch); the tenant appears only as a digest, keyed by the cache-salt secret when one is set.
+``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` drops the older ``gen_ai.system`` beside
+``gen_ai.provider.name``.
+
+Telemetry never fails a turn: every place agentkv starts, annotates, links or ends a span, or records a metric, is
+guarded. A sampler, processor, exporter or meter that raises loses that span or point, never the turn; the loss is
+counted by error type (:func:`failures`) and reported once per type as a ``telemetry_failed`` event (the type only,
+never the error's text). An SDK's ``SimpleSpanProcessor`` exports on the request path by design: use
+``BatchSpanProcessor``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 import json
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, ParamSpec, TypeVar
 
-__all__ = ["Instruments", "active", "atraced", "capture_content", "ended", "instruments", "latest_conventions",
-           "link_to", "messages_attribute", "provider_attributes", "span_in", "tenant_digest", "traced", "tracer", "use"]
+from agentkv.events import emit
+
+__all__ = ["Instruments", "active", "added", "annotated", "atraced", "capture_content", "ended", "event", "failures",
+           "guarded", "instruments", "latest_conventions", "link_to", "lost", "messages_attribute", "provider_attributes",
+           "recorded", "span_in", "tenant_digest", "traced", "tracer", "use"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
 
 _SCOPE = "agentkv"
 _lock = threading.Lock()
@@ -46,6 +62,51 @@ def use(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         if meter_provider is not None:
             _override["meter_provider"] = meter_provider
         _cache.clear()
+    with _lost_lock:
+        _lost.clear()
+
+
+_lost_lock = threading.Lock()
+_lost: dict[str, int] = {}  # error type -> spans, span updates and metric points lost since use() last set providers
+_MAX_LOST_TYPES = 32  # bounded: a sampler raising ever-new exception classes cannot grow it
+
+
+def failures() -> dict[str, int]:
+    """Spans, span updates and metric points lost to a raising sampler, processor, exporter or meter, by error type
+    (since :func:`use` last set providers; the global providers' losses since the process started)."""
+    with _lost_lock:
+        return dict(_lost)
+
+
+def lost(error: BaseException) -> None:
+    """Count a telemetry failure by its type; the first of each type is a ``telemetry_failed`` event (never the
+    error's text: a processor's message may quote what it was handed)."""
+    name = type(error).__name__
+    with _lost_lock:
+        if name not in _lost and len(_lost) >= _MAX_LOST_TYPES:
+            name = "other"
+        first = name not in _lost
+        _lost[name] = _lost.get(name, 0) + 1
+    if first:
+        emit("telemetry_failed", level="warning", error=name)
+
+
+def guarded(fallback: T) -> Callable[[Callable[P, R]], Callable[P, R | T]]:
+    """``fn`` with whatever it raises (an ``Exception``) counted by :func:`lost` and ``fallback`` returned instead:
+    for every call that touches an OpenTelemetry SDK, whose samplers, processors and meters are the application's."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R | T]:
+        @functools.wraps(fn)
+        def run(*args: P.args, **kwargs: P.kwargs) -> R | T:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as error:  # telemetry is never worth a turn: counted, reported once, dropped
+                lost(error)
+                return fallback
+
+        return run
+
+    return wrap
 
 
 _apis: dict[str, Any] = {}  # "trace", "metrics": the API modules (None: not installed), imported on first use
@@ -80,6 +141,7 @@ def _real(provider: Any, api: Any) -> bool:
     return not isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider))
 
 
+@guarded(None)
 def tracer() -> Any | None:
     """agentkv's tracer when an SDK is configured, else None (the caller then does nothing)."""
     provider = _override.get("tracer_provider")
@@ -120,6 +182,7 @@ class Instruments:
     overflows: Any
 
 
+@guarded(None)
 def instruments() -> Instruments | None:
     """agentkv's instruments when a meter provider with an SDK is configured, else None."""
     provider = _override.get("meter_provider")
@@ -172,9 +235,17 @@ def latest_conventions() -> bool:
     return "gen_ai_latest_experimental" in os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
 
 
-def tenant_digest(tenant: str | None) -> str | None:
-    """What spans carry for a tenant: the first 16 hex digits of its SHA-256 (never its name)."""
-    return None if tenant is None else hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+def tenant_digest(tenant: str | None, secret: str | bytes | None = None) -> str | None:
+    """What spans carry for a tenant (never its name): 16 hex digits of an HMAC-SHA256 keyed by ``secret`` (the
+    Session's cache-salt secret), so that a dictionary of likely names recovers nothing; the first 16 hex digits of
+    its plain SHA-256 only when no secret is set."""
+    if tenant is None:
+        return None
+    name = tenant.encode("utf-8", "surrogatepass")
+    if not secret:
+        return hashlib.sha256(name).hexdigest()[:16]
+    key = secret.encode("utf-8", "surrogatepass") if isinstance(secret, str) else secret
+    return hmac.new(key, b"agentkv-tenant-v1\0" + name, hashlib.sha256).hexdigest()[:16]
 
 
 def provider_attributes(model: str) -> dict[str, str]:
@@ -198,6 +269,7 @@ def messages_attribute(messages: Any) -> dict[str, str]:
     return {"gen_ai.input.messages": text[: 64 << 10]}
 
 
+@guarded(None)
 def span_in(parent: Any, name: str, attributes: Mapping[str, Any], *, kind: str = "INTERNAL",
             links: Any = ()) -> Any | None:
     """A started span, a child of ``parent`` (a span; None: the current context), or None when nothing records."""
@@ -210,21 +282,53 @@ def span_in(parent: Any, name: str, attributes: Mapping[str, Any], *, kind: str 
                             attributes={k: v for k, v in attributes.items() if v is not None}, links=list(links))
 
 
+@guarded(None)
 def ended(span: Any, *, error: BaseException | None = None, attributes: Mapping[str, Any] | None = None) -> None:
     """End ``span`` (None: nothing) with ``attributes`` set, and ``error``'s type as ``error.type`` and an error
-    status (never its message: a server's error text can hold the prompt)."""
+    status (never its message: a server's error text can hold the prompt). It ends even when setting them fails."""
     if span is None:
         return
-    for key, value in (attributes or {}).items():
-        if value is not None:
-            span.set_attribute(key, value)
-    if error is not None:
-        api = _trace_api()
-        span.set_attribute("error.type", type(error).__name__)
-        span.set_status(api.Status(api.StatusCode.ERROR))
-    span.end()
+    try:
+        for key, value in (attributes or {}).items():
+            if value is not None:
+                span.set_attribute(key, value)
+        if error is not None:
+            api = _trace_api()
+            span.set_attribute("error.type", type(error).__name__)
+            span.set_status(api.Status(api.StatusCode.ERROR))
+    finally:
+        span.end()
 
 
+@guarded(None)
+def annotated(span: Any, attributes: Mapping[str, Any]) -> None:
+    """``attributes`` set on ``span`` (None: nothing), the None-valued ones left out."""
+    if span is not None:
+        for key, value in attributes.items():
+            if value is not None:
+                span.set_attribute(key, value)
+
+
+@guarded(None)
+def event(span: Any, name: str, attributes: Mapping[str, Any]) -> None:
+    """An event ``name`` on ``span`` (None: nothing)."""
+    if span is not None:
+        span.add_event(name, dict(attributes))
+
+
+@guarded(None)
+def added(counter: Any, value: int, attributes: Mapping[str, Any]) -> None:
+    """``value`` added to ``counter``."""
+    counter.add(value, dict(attributes))
+
+
+@guarded(None)
+def recorded(histogram: Any, value: float, attributes: Mapping[str, Any]) -> None:
+    """``value`` recorded in ``histogram``."""
+    histogram.record(value, dict(attributes))
+
+
+@guarded([])
 def link_to(span: Any) -> list[Any]:
     """A link to ``span`` (None: none), for a span that follows from it."""
     if span is None:
@@ -248,9 +352,10 @@ def traced(send: Callable[[], Any], parent: Any, name: str, attributes: Mapping[
         span = span_in(parent, name, attributes, kind="CLIENT")
         if on_start is not None:
             on_start(span)
-        api = _trace_api()
+        if span is None:  # nothing records, or the SDK failed to start it: the send goes on untraced
+            return send()
         try:
-            with api.use_span(span, end_on_exit=False):  # what the client instruments nests under the warm
+            with _current(span):  # what the client instruments nests under the warm
                 result = send()
         except BaseException as error:
             ended(span, error=error)
@@ -271,9 +376,10 @@ def atraced(send: Callable[[], Any], parent: Any, name: str, attributes: Mapping
         span = span_in(parent, name, attributes, kind="CLIENT")
         if on_start is not None:
             on_start(span)
-        api = _trace_api()
+        if span is None:
+            return await send()
         try:
-            with api.use_span(span, end_on_exit=False):
+            with _current(span):
                 result = await send()
         except BaseException as error:
             ended(span, error=error)
@@ -282,3 +388,9 @@ def atraced(send: Callable[[], Any], parent: Any, name: str, attributes: Mapping
         return result
 
     return run
+
+
+def _current(span: Any) -> Any:
+    """``span`` made current for what runs inside (not ended on exit). An error raised inside is neither recorded
+    nor set as its status here: :func:`ended` records its type, never its text."""
+    return _trace_api().use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)

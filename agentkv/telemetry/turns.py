@@ -4,7 +4,11 @@ failover, answered, failed); each is a no-op unless an OpenTelemetry SDK is conf
 
 Span attributes, beyond the GenAI conventions' own: ``agentkv.route.role``/``.reason``/``.backend``,
 ``agentkv.tokens.estimated``/``.exact``/``.count_source``/``.tools``, ``agentkv.window``, ``agentkv.warm.outcome``,
-``agentkv.tenant`` (a digest), ``agentkv.replica`` (a pool's replica, credentials removed).
+``agentkv.tenant`` (a digest, keyed by the cache-salt secret when one is set), ``agentkv.replica`` (a pool's replica,
+without credentials, query string or fragment).
+
+Each entry point is guarded (:func:`agentkv.telemetry.otel.guarded`), and so is each span update and metric point
+within it: an SDK that raises loses that span or point, never the turn.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentkv._http import redact_url
-from agentkv.telemetry.otel import (ended, instruments, link_to, messages_attribute, now, provider_attributes, span_in,
-                                    tenant_digest, tracer)
+from agentkv.telemetry.otel import (added, annotated, ended, event, guarded, instruments, link_to, messages_attribute,
+                                    now, provider_attributes, recorded, span_in, tracer)
 
 __all__ = ["answered", "failed", "failed_over", "handoff_span", "planned", "recovered", "try_span", "warm_attributes",
            "warmed"]
@@ -28,20 +32,26 @@ def _server(backend: Any) -> dict[str, Any]:
     if not backend.api_base:
         return {}
     parts = urlsplit(backend.api_base)
-    return {"server.address": parts.hostname, "server.port": parts.port or (443 if parts.scheme == "https" else 80)}
+    try:
+        port = parts.port
+    except ValueError:  # a port that is no number: the address alone (building attributes never raises)
+        port = None
+    return {"server.address": parts.hostname, "server.port": port or (443 if parts.scheme == "https" else 80)}
 
 
 def _model(backend: Any) -> dict[str, Any]:
     return {"gen_ai.request.model": backend.served_model, **provider_attributes(backend.model), **_server(backend)}
 
 
+@guarded(None)
 def planned(attempt: Any, *, tenant: str | None, conversation: str | None, warm_span: Any = None,
             escalation: bool = False) -> None:
-    """The turn's span starts (on ``attempt.span``): its route and count; an escalation links to ``warm_span``."""
+    """The turn's span starts (on ``attempt.span``): its route and count; an escalation links to ``warm_span``.
+    ``tenant``: the tenant's digest (:func:`agentkv.telemetry.tenant_digest`, keyed by the Session's secret)."""
     found = instruments()
     decision, count = attempt.decision, attempt.count
     if found is not None:
-        found.routes.add(1, {"agentkv.route.role": decision.role, "agentkv.route.reason": decision.reason})
+        added(found.routes, 1, {"agentkv.route.role": decision.role, "agentkv.route.reason": decision.reason})
     if tracer() is None:
         return
     operation = _operation(attempt)
@@ -52,7 +62,7 @@ def planned(attempt: Any, *, tenant: str | None, conversation: str | None, warm_
         "agentkv.route.backend": decision.backend, "agentkv.route.escalation": escalation,
         "agentkv.tokens.estimated": count.total, "agentkv.tokens.exact": count.exact,
         "agentkv.tokens.count_source": count.source, "agentkv.tokens.tools": count.tools,
-        "agentkv.window": decision.window, "agentkv.tenant": tenant_digest(tenant),
+        "agentkv.window": decision.window, "agentkv.tenant": tenant,
         **_replica(attempt.backend), **messages_attribute(attempt.payload.messages),
     }
     attempt.span = span_in(None, f"{operation} {attempt.backend.served_model}", attributes, kind="CLIENT",
@@ -64,13 +74,14 @@ def _replica(backend: Any) -> dict[str, Any]:
     return {"agentkv.replica": redact_url(backend.api_base)} if getattr(backend, "member_of", None) else {}
 
 
+@guarded(None)
 def warmed(attempt: Any) -> None:
     """The warm-ahead decision for this turn (``attempt.warm``): on its span, and counted by outcome."""
     found = instruments()
     if found is not None and attempt.warm:
-        found.warms.add(1, {"agentkv.warm.outcome": attempt.warm})
-    if attempt.span is not None and attempt.warm:
-        attempt.span.set_attribute("agentkv.warm.outcome", attempt.warm)
+        added(found.warms, 1, {"agentkv.warm.outcome": attempt.warm})
+    if attempt.warm:
+        annotated(attempt.span, {"agentkv.warm.outcome": attempt.warm})
 
 
 def warm_attributes(slow: Any, tokens: int | None) -> dict[str, Any]:
@@ -79,6 +90,7 @@ def warm_attributes(slow: Any, tokens: int | None) -> dict[str, Any]:
             "agentkv.warm.tokens": tokens, **_replica(slow)}
 
 
+@guarded(None)
 def try_span(attempt: Any) -> Any:
     """A try's span (a child of the turn's), or None."""
     if attempt.span is None:
@@ -90,31 +102,33 @@ def try_span(attempt: Any) -> Any:
                     **_replica(attempt.backend)}, kind="CLIENT")
 
 
+@guarded(None)
 def recovered(attempt: Any, *, action: str, variant: str) -> None:
     """An overflow recovered (clamped or escalated): an event on the turn's span, and counted."""
     found = instruments()
     if found is not None:
-        found.overflows.add(1, {"agentkv.overflow.action": action})
-    if attempt.span is not None:
-        attempt.span.add_event("agentkv.overflow", {"agentkv.overflow.action": action, "agentkv.overflow.variant": variant})
+        added(found.overflows, 1, {"agentkv.overflow.action": action})
+    event(attempt.span, "agentkv.overflow", {"agentkv.overflow.action": action, "agentkv.overflow.variant": variant})
 
 
+@guarded(None)
 def failed_over(attempt: Any, *, error: BaseException, to: str, replica: bool) -> None:
     """The turn moved off a backend (or a pool's replica) found down: an event on its span, and counted."""
     found = instruments()
     kind = "replica" if replica else "backend"
     if found is not None:
-        found.failovers.add(1, {"agentkv.failover.kind": kind})
-    if attempt.span is not None:
-        attempt.span.add_event("agentkv.failover", {"agentkv.failover.kind": kind, "error.type": type(error).__name__,
-                                                    "agentkv.failover.to": to})
+        added(found.failovers, 1, {"agentkv.failover.kind": kind})
+    event(attempt.span, "agentkv.failover", {"agentkv.failover.kind": kind, "error.type": type(error).__name__,
+                                             "agentkv.failover.to": to})
 
 
+@guarded(None)
 def handoff_span(attempt: Any) -> Any:
     """The KV handoff's span (a child of the turn's), or None."""
     return span_in(attempt.span, "agentkv.handoff", {"agentkv.handoff.target": attempt.backend.label})
 
 
+@guarded(None)
 def answered(attempt: Any, usage: Any, *, escalation: bool, warm_tokens: int | None) -> None:
     """The turn's answer: usage on its span (which ends), the token and duration histograms, an escalation counted by
     whether it found the warm cached."""
@@ -124,11 +138,12 @@ def answered(attempt: Any, usage: Any, *, escalation: bool, warm_tokens: int | N
                   "gen_ai.response.model": attempt.backend.served_model,
                   "gen_ai.response.finish_reasons": [usage.finish_reason] if usage.finish_reason else None,
                   "agentkv.warm.outcome": attempt.warm or None}
-    _measured(attempt, usage, escalation, warm_tokens)
     span, attempt.span = attempt.span, None
     ended(span, attributes=attributes)
+    _measured(attempt, usage, escalation, warm_tokens)
 
 
+@guarded(None)
 def _measured(attempt: Any, usage: Any, escalation: bool, warm_tokens: int | None) -> None:
     found = instruments()
     if found is None:
@@ -137,15 +152,16 @@ def _measured(attempt: Any, usage: Any, escalation: bool, warm_tokens: int | Non
               **provider_attributes(attempt.backend.model)}
     for kind, tokens in (("input", usage.prompt_tokens), ("output", usage.completion_tokens)):
         if tokens is not None:
-            found.token_usage.record(tokens, {**common, "gen_ai.token.type": kind})
+            recorded(found.token_usage, tokens, {**common, "gen_ai.token.type": kind})
     started = getattr(attempt, "span_started", None)
     if started is not None:
-        found.duration.record(now() - started, common)
+        recorded(found.duration, now() - started, common)
     if escalation:
         warm = bool(warm_tokens and usage.cached_tokens and usage.cached_tokens >= 0.5 * warm_tokens)
-        found.escalations.add(1, {"agentkv.escalation.found_warm": warm})
+        added(found.escalations, 1, {"agentkv.escalation.found_warm": warm})
 
 
+@guarded(None)
 def failed(attempt: Any, error: BaseException) -> None:
     """The turn ended in ``error``: its span ends with the error's type (never its text)."""
     span, attempt.span = attempt.span, None
@@ -153,7 +169,7 @@ def failed(attempt: Any, error: BaseException) -> None:
     found = instruments()
     started = getattr(attempt, "span_started", None)
     if found is not None and started is not None:
-        found.duration.record(now() - started, {"gen_ai.operation.name": _operation(attempt),
+        recorded(found.duration, now() - started, {"gen_ai.operation.name": _operation(attempt),
                                                 "gen_ai.request.model": attempt.backend.served_model,
                                                 "error.type": type(error).__name__})
 

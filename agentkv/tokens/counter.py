@@ -105,19 +105,20 @@ class TokenCounter:
         self.exact_asked += 1
         return self._checked(estimate, payload, await self.acount(payload))
 
-    def learn(self, payload: Payload, exact: int, *, origin: str = "usage") -> bool:
+    def learn(self, payload: Payload, exact: int, *, origin: str = "usage", session: str | None = None) -> bool:
         """Teach :attr:`bound` an exact count of ``payload`` taken elsewhere (a response's ``usage.prompt_tokens``,
-        the count taken while recovering from an overflow); True when it fell outside the estimate's interval."""
-        self._check_ceiling(payload, exact, origin)
-        return self.bound.learn(self.estimate(payload), exact, backend=self._label, origin=origin)
+        a claim of ``session``'s answer; the count taken while recovering from an overflow); True when the bound
+        widened (see :meth:`EstimateBound.learn`)."""
+        self._check_ceiling(payload, exact, origin, session)
+        return self.bound.learn(self.estimate(payload), exact, backend=self._label, origin=origin, session=session)
 
-    def _check_ceiling(self, payload: Payload, exact: int, origin: str) -> None:
+    def _check_ceiling(self, payload: Payload, exact: int, origin: str, session: str | None = None) -> None:
         """While the ratio is unknown (when a ceiling decides a count), or before any ceiling was checked (a ceiling
         decides whether a request may be sent before it is counted: Session.presend), check ``exact`` against the
         payload's ceiling."""
         bound = self.bound
         if (not bound.known or not bound.ceilings_checked) and not bound.ceiling_broken:
-            self.bound.check_ceiling(self._ceiling(payload), exact, backend=self._label, origin=origin)
+            self.bound.check_ceiling(self._ceiling(payload), exact, backend=self._label, origin=origin, session=session)
 
     def _ceiling(self, payload: Payload) -> int | None:
         last = self._last_ceiling

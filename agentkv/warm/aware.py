@@ -24,6 +24,7 @@ from agentkv.events import emit
 from agentkv.tokens import TokenCounter
 from agentkv.warm.events import EventOutcome, Residency, decide_event_warm
 from agentkv.warm.policy import WarmAheadPolicy
+from agentkv.wire.usage import token_figure
 
 if TYPE_CHECKING:
     from agentkv.cache_ledger import CacheLedger
@@ -47,7 +48,7 @@ def usage_numbers(response: Any) -> tuple[int | None, int | None]:
     """``(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens)`` of a warm's answer, None where absent."""
     usage = _field(response, "usage")
     prompt, cached = _field(usage, "prompt_tokens"), _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
-    return (prompt if isinstance(prompt, int) else None), (cached if isinstance(cached, int) else None)
+    return token_figure(prompt)[0], token_figure(cached)[0]  # a figure refused is absent (agentkv.wire.usage)
 
 
 class SlowResidency:

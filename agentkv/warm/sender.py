@@ -26,19 +26,20 @@ from agentkv._http import HttpTransport, redact_url
 from agentkv.errors import ConfigurationError
 from agentkv.backends import Backend
 from agentkv.costs import account
-from agentkv.retry import is_outage
+from agentkv.retry import is_outage, replica_evidence
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.telemetry.otel import atraced, traced
 from agentkv.tokens import Payload
 from agentkv.tokens.payload import detached
+from agentkv.fleet.breaker import Evidence
 from agentkv.state.ejections import DEFAULT_COOLOFF_S, Ejections
 from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
 from agentkv.warm.aware import SlowResidency
 from agentkv.warm.economics import TurnSample
 from agentkv.warm.events import SENDS, EventOutcome
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
-from agentkv.wire.usage import response_usage
+from agentkv.wire.usage import report_rejected, response_usage
 
 __all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
 
@@ -113,6 +114,11 @@ class AsyncTasks:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
 
+    @property
+    def pending(self) -> bool:
+        """Whether a task is still in flight."""
+        return any(not task.done() for task in self._tasks)
+
 
 class BackgroundJobs:
     """One owner's background work: jobs on the shared daemon pool and tasks on the running loop."""
@@ -139,13 +145,21 @@ class BackgroundJobs:
         self._tasks.spawn(work, timeout_s)
 
     def drain(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for threaded jobs; True when none is left in flight."""
+        """Wait up to ``timeout_s`` for threaded jobs, and the jobs they queued (a health check's re-warm); True when
+        none is left in flight."""
         deadline = time.monotonic() + timeout_s
-        return all(event.wait(max(0.0, deadline - time.monotonic())) for event in list(self._threads))
+        while True:
+            left = [event for event in list(self._threads) if not event.is_set()]
+            if not left:
+                return True
+            if not all(event.wait(max(0.0, deadline - time.monotonic())) for event in left):
+                return False
 
     async def adrain(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for tasks."""
-        await self._tasks.wait(timeout_s)
+        """Wait up to ``timeout_s`` for tasks, and the tasks they started."""
+        deadline = time.monotonic() + timeout_s
+        while self._tasks.pending and time.monotonic() < deadline:
+            await self._tasks.wait(max(0.0, deadline - time.monotonic()))
 
 
 class WarmAhead:
@@ -156,12 +170,15 @@ class WarmAhead:
     break-even gate: bounded, and no I/O."""
 
     def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats, jobs: BackgroundJobs,
-                 *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic,
+                 tenant_key: str | None = None) -> None:
         self.policy = policy
         self._store, self._stats, self._jobs = store, stats, jobs
         if tenant is not None and _EVENT_SEP in tenant:
             raise ConfigurationError(f"a tenant name cannot contain {_EVENT_SEP!r} (it separates event-aware claims)")
         self._session_id, self._tenant = session_id, tenant
+        # what the store's claims key the tenant by: a digest keyed by the salt secret (no name in a shared store)
+        self._tenant_key = tenant if tenant_key is None else tenant_key
         self._lease: Lease | None = None
         self.warmed: Payload | None = None
         self.warmed_tokens: int | None = None  # the fired warm's estimated prompt tokens (what its escalation expects)
@@ -234,7 +251,7 @@ class WarmAhead:
     def _claim(self) -> WarmClaim:
         p = self.policy
         session = self._session_id if self.replica is None else f"{self._session_id}@{self.replica}"
-        return WarmClaim(self._tenant or "", session, p.cooldown_s, p.max_sessions, p.max_in_flight,
+        return WarmClaim(self._tenant_key or "", session, p.cooldown_s, p.max_sessions, p.max_in_flight,
                          lease_s=p.timeout_s + 1.0)
 
     def _counted(self, outcome: str, payload: Payload, inputs: dict[str, Any]) -> str:
@@ -253,6 +270,38 @@ class WarmAhead:
             self.warmed_tokens = inputs.get("estimated_tokens")
             emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
         return outcome
+
+    def moved(self, payload: Payload, tokens: int | None) -> bool:
+        """The replica this conversation's warm sat on was found dead, and warms now go to its next replica
+        (:meth:`retarget`): claim a warm there (the cooldown, an in-flight slot) for ``payload`` (``tokens``
+        estimated), counted as a fired warm. True when the claim holds: the driver sends the warm now."""
+        outcome: str
+        try:
+            outcome, lease = self._store.claim(self._claim())
+        except StateUnavailable:
+            outcome, lease = "state_unavailable", None
+        return self._moved(outcome, lease, payload, tokens)
+
+    async def amoved(self, payload: Payload, tokens: int | None) -> bool:
+        """The async twin of :meth:`moved` (the claim is awaited)."""
+        outcome: str
+        try:
+            outcome, lease = await self._store.aclaim(self._claim())
+        except StateUnavailable:
+            outcome, lease = "state_unavailable", None
+        return self._moved(outcome, lease, payload, tokens)
+
+    def _moved(self, outcome: str, lease: Lease | None, payload: Payload, tokens: int | None) -> bool:
+        if outcome != "fire":
+            if outcome in _COUNTED_SKIPS:
+                self._stats.add(f"warm_skipped_{outcome}")
+            return False
+        self._lease, self._pending = lease, None  # sent plainly, at once: the driver's next call takes the lease
+        self._stats.add("warm_fired")
+        self.warmed, self.warmed_tokens = detached(payload, deep=True), tokens
+        emit("warm_replica_moved", estimate=tokens, session=self._session_id, tenant=self._tenant,
+             replica=self._shown_replica)
+        return True
 
     def _take_lease(self) -> Lease | None:
         lease, self._lease = self._lease, None
@@ -331,6 +380,7 @@ class WarmAhead:
             try:
                 response = send()
                 self._stats.add("warm_completed")
+                self._answered_by(replica)
                 self._account(accounted, response)
             except Exception as exc:  # a warm never raises into anyone
                 self._failed(exc, replica)
@@ -353,6 +403,7 @@ class WarmAhead:
             try:
                 response = await send()
                 self._stats.add("warm_completed")
+                self._answered_by(replica)
                 self._account(accounted, response)
             except Exception as exc:  # a warm never raises into anyone
                 await self._aeject(exc, replica)
@@ -370,6 +421,7 @@ class WarmAhead:
         backend, call = accounted
         try:
             usage = response_usage(response)
+            report_rejected(usage, backend=backend.label, session=self._session_id, warm=True)
             account(self._stats, backend, usage, warm=True, session=self._session_id)
             if backend.explicit_cache and usage.cache_write_tokens:
                 self.created_caches.append((backend, call, time.monotonic()))
@@ -394,6 +446,7 @@ class WarmAhead:
             if outcome in SENDS and (claimed or lease is not None):
                 sent_at = time.time()  # the publishers' clock, as the Session stamps a request for its prediction
                 response = send()
+                self._answered_by(replica)
                 self._sent(outcome, payload)
                 residency.record_warm(ids, exact, sent_at, response)
                 residency.settle(ids)
@@ -417,6 +470,7 @@ class WarmAhead:
             if outcome in SENDS and (claimed or lease is not None):
                 sent_at = time.time()
                 response = await send()
+                self._answered_by(replica)
                 self._sent(outcome, payload)
                 residency.record_warm(ids, exact, sent_at, response)
                 await residency.asettle(ids)
@@ -443,7 +497,7 @@ class WarmAhead:
         check at a time, :attr:`SlowResidency.busy`, is what spaces them)."""
         p = self.policy
         self._events_claimed += 1
-        return WarmClaim(event_namespace(self._tenant), f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
+        return WarmClaim(event_namespace(self._tenant_key), f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
                          p.max_sessions, p.max_in_flight, lease_s=p.timeout_s + 1.0)
 
     def _try_claim(self, claim: Callable[[WarmClaim], tuple[str, Lease | None]]) -> tuple[str, Lease | None]:
@@ -469,21 +523,31 @@ class WarmAhead:
         self.warmed = payload
         emit(f"warm_{outcome}", session=self._session_id, tenant=self._tenant, replica=self._shown_replica)
 
-    def _down(self, exc: BaseException, replica: str | None) -> str | None:
-        """``replica`` (the pool replica the warm went to) when its error says it is down (an outage; a slow answer,
-        a timeout, is not one), else None."""
-        return replica if replica is not None and self.ejections is not None and is_outage(exc) else None
+    def _answered_by(self, replica: str | None) -> None:
+        """The pool replica the warm went to answered it: its breaker's streak starts again (no I/O)."""
+        if replica is not None and self.ejections is not None:
+            self.ejections.judge(replica, "ok", session=self._session_id, tenant=self._tenant)
+
+    def _evidence(self, exc: BaseException, replica: str | None) -> tuple[str, Evidence] | None:
+        """``replica`` (the pool replica the warm went to) and what its error says about it (a refusal or reset: down;
+        another outage: a failure of this request, for its breaker to weigh; a slow answer, a timeout: nothing)."""
+        if replica is None or self.ejections is None:
+            return None
+        evidence = replica_evidence(exc, fails_over=is_outage(exc))
+        return None if evidence is None else (replica, evidence)
 
     async def _aeject(self, exc: BaseException, replica: str | None) -> None:
-        down = self._down(exc, replica)
-        if down is not None and self.ejections is not None:
-            await self.ejections.amark(down, self.cooloff_s)
+        failed = self._evidence(exc, replica)
+        if failed is not None and self.ejections is not None:
+            await self.ejections.aobserve(*failed, session=self._session_id, tenant=self._tenant,
+                                          cooloff_s=self.cooloff_s)
 
     def _failed(self, exc: BaseException, replica: str | None = None) -> None:
-        """Count a warm that failed; ``replica``: the pool replica it went to (ejected when found down)."""
-        down = self._down(exc, replica)
-        if down is not None and self.ejections is not None:
-            self.ejections.mark(down, self.cooloff_s)  # found down by its warm: the next turn moves, and re-warms
+        """Count a warm that failed; ``replica``: the pool replica it went to (its breaker told: ejected on evidence
+        that it is down, and the next turn moves and re-warms)."""
+        failed = self._evidence(exc, replica)
+        if failed is not None and self.ejections is not None:
+            self.ejections.observe(*failed, session=self._session_id, tenant=self._tenant, cooloff_s=self.cooloff_s)
         self._stats.add("warm_failed")
         emit("warm_failed", level="warning", error=type(exc).__name__,
              status_code=getattr(exc, "status_code", None), session=self._session_id, tenant=self._tenant)

@@ -10,16 +10,18 @@ escalated turn, as each provider documents it. Pure: kwargs in, kwargs out (the 
   conversation carries its routing key (an opaque per-tenant digest) unless the caller set one, and the backend's
   ``prompt_cache_retention`` (:func:`openai_keyed`).
 - **Gemini** caches implicitly; with ``Backend(explicit_cache=True)`` the messages up to the conversation's last
-  cache write are marked, and litellm's context caching creates that explicit cache once (at the warm) and names it
-  in every later request that marks the same prefix (:func:`gemini_marked`).
+  cache write are marked (:func:`gemini_marked`). The Session creates that explicit cache itself (at the warm) and
+  every later request that marks the same prefix names it, sending only what follows it (:func:`gemini_named`); a
+  request whose cache is gone is sent again whole (:func:`names_missing_cache`, :func:`gemini_unmarked`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 __all__ = ["MAX_BREAKPOINTS", "anthropic_marked", "caller_marks", "explicit_cache_moves", "gemini_marked",
-           "hosted_request", "openai_keyed"]
+           "gemini_named", "gemini_unmarked", "hosted_request", "names_missing_cache", "openai_keyed"]
 
 MAX_BREAKPOINTS = 4
 """Anthropic's limit of ``cache_control`` blocks in one request (a fifth is a 400)."""
@@ -172,10 +174,10 @@ def openai_keyed(call: Mapping[str, Any], *, routing_key: str | None, retention:
 
 def gemini_marked(call: Mapping[str, Any], *, cache_end: int | None, ttl: str | None = None) -> dict[str, Any]:
     """``call`` with its messages up to the conversation's last cache write marked, through its last user turn
-    (Gemini refuses a cache ending on a model turn, and litellm then caches nothing): litellm's context caching
-    caches the marked messages as one explicit cache and finds it again by its content, so the warm creates it and
-    every later request that marks the same messages names it. ``ttl`` rides on the first message's text block,
-    where litellm reads it. A caller's own marks are left as they are."""
+    (Gemini refuses a cache ending on a model turn): the Session caches the marked messages as one explicit cache, so
+    the warm creates it and every later request that marks the same messages names it (:func:`gemini_named`).
+    ``ttl`` rides on the first message's text block, where litellm's transformation reads it. A caller's own marks
+    are left as they are (and cached the same way)."""
     messages = list(call.get("messages") or [])
     if cache_end is None or caller_marks(call) or not 0 < cache_end <= len(messages):
         return dict(call)
@@ -210,3 +212,41 @@ def explicit_cache_moves(usage: Any) -> bool:
     cached = getattr(usage, "cached_tokens", None) or 0
     written = getattr(usage, "cache_write_tokens", None) or 0
     return isinstance(prompt, int) and prompt - written - cached >= cached
+
+
+# What an explicit cache holds besides its messages: Gemini refuses them beside a ``cachedContent``.
+_IN_THE_CACHE = ("tools", "tool_choice", "functions", "function_call")
+_CACHED_CONTENT = re.compile(r"cached[\s_]?content", re.IGNORECASE)
+_NOT_FOUND = re.compile(r"not[\s_]found", re.IGNORECASE)
+
+
+def gemini_named(call: Mapping[str, Any], tail: Sequence[Any], name: str) -> dict[str, Any]:
+    """``call`` reading the explicit cache ``name`` (``cachedContents/...``), which holds its cached messages, system
+    prompt, tools and tool choice: only ``tail``, the messages after the cache, goes beside it."""
+    out = {k: v for k, v in call.items() if k not in _IN_THE_CACHE}
+    return {**out, "messages": list(tail), "cached_content": name}
+
+
+def gemini_unmarked(call: Mapping[str, Any]) -> dict[str, Any]:
+    """``call`` with no ``cache_control`` marks: sent whole, it neither creates nor names an explicit cache."""
+    messages = call.get("messages")
+    if not isinstance(messages, (list, tuple)):
+        return dict(call)
+    return {**call, "messages": [_unmarked(message) for message in messages]}
+
+
+def _unmarked(message: Any) -> Any:
+    if not isinstance(message, Mapping):
+        return message
+    out = {k: v for k, v in message.items() if k != "cache_control"}
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = [{k: v for k, v in part.items() if k != "cache_control"} if isinstance(part, Mapping)
+                          else part for part in content]
+    return out
+
+
+def names_missing_cache(status: object, text: str) -> bool:
+    """Whether an error answer says the ``cachedContent`` a request named is gone (deleted, expired, or another
+    key's): AI Studio answers 403 "CachedContent not found (or permission denied)", Vertex AI 404 NOT_FOUND."""
+    return status in (403, 404) and _CACHED_CONTENT.search(text) is not None and _NOT_FOUND.search(text) is not None
