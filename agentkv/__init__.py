@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from agentkv._session import Session as Session
     from agentkv._session import TurnEnd as TurnEnd
     from agentkv.backends import Backend as Backend
+    from agentkv.conversations import Conversations as Conversations
     from agentkv.discovery import WindowDiscovery as WindowDiscovery
     from agentkv.errors import AgentKVError as AgentKVError
     from agentkv.errors import ConfigurationError as ConfigurationError
@@ -78,6 +79,7 @@ _EXPORTS = {
     "Session": "agentkv._session",
     "TurnEnd": "agentkv._session",
     "Backend": "agentkv.backends",
+    "Conversations": "agentkv.conversations",
     "WindowDiscovery": "agentkv.discovery",
     "AgentKVError": "agentkv.errors",
     "ConfigurationError": "agentkv.errors",
@@ -129,6 +131,7 @@ __all__ = [
     "CompletionClient",
     "ConfigurationError",
     "ContextOverflowError",
+    "Conversations",
     "Handoff",
     "HttpError",
     "HttpTransport",

@@ -12,11 +12,9 @@ from agentkv import ConfigurationError, derive_cache_salt
 from agentkv.gateway import GatewayConfig
 from agentkv.gateway.app import request_problem
 from agentkv.gateway.auth import ApiKeys, bearer_token, load_api_keys, parse_api_keys, salt_secret
-from agentkv.gateway.context import session_id
-from agentkv.gateway.identity import conversation_id, fingerprint
+from agentkv.conversations import SessionMap, conversation_id, fingerprint, session_id
 from agentkv.gateway.metrics import GatewayMetrics
 from agentkv.gateway.replies import error_body, upstream_error_body
-from agentkv.gateway.sessions import SessionMap
 
 OPENING = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is up?"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -51,7 +49,7 @@ def test_the_fingerprint_tells_openings_apart():
 def test_the_fingerprint_is_a_stable_sha256_the_same_in_every_process():
     """A fresh interpreter computes the same 64-hex-digit digest (no per-process hash seed)."""
     body = {"messages": OPENING, "tools": TOOLS}
-    code = f"from agentkv.gateway.identity import fingerprint; print(fingerprint({body!r}))"
+    code = f"from agentkv.conversations import fingerprint; print(fingerprint({body!r}))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert other == fingerprint(body) and len(other) == 64
 

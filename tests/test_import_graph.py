@@ -21,7 +21,7 @@ LAYERS = [
     ["agentkv.demo"],
     ["agentkv.gateway", "agentkv.testing", "agentkv.provider_fakes"],
     ["agentkv.integrations"],
-    ["agentkv.decorator"],
+    ["agentkv.decorator", "agentkv.conversations"],
     ["agentkv._session"],
     ["agentkv.react", "agentkv.vllm_plugin", "agentkv.vllm_launch"],
     ["agentkv.handoff", "agentkv.warm", "agentkv.discovery"],

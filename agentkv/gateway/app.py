@@ -28,12 +28,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentkv._session import Session
+from agentkv.conversations import conversation_id
 from agentkv.events import defer_events, digest, emit
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.context import GatewayContext
 from agentkv.gateway.exchange import BodyTooLarge, ClientLeft, Receive, Reply, Send, header, read_body, \
     serve_exchange, write
-from agentkv.gateway.identity import conversation_id
 from agentkv.gateway.metrics import CONTENT_TYPE_LATEST
 from agentkv.gateway.relay import own_error, relay
 

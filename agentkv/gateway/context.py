@@ -5,31 +5,27 @@ and the metrics.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any, Mapping
 
 import agentkv._env as _env
-from agentkv._http import HttpAnswer, HttpTransport
+from agentkv._http import HttpAnswer, HttpTransport, redact_url
 from agentkv._session import Session
 from agentkv.backends import Backend
+from agentkv.conversations import LEDGER_ROWS, SessionMap, session_id
 from agentkv.discovery import WindowDiscovery
 from agentkv.events import digest, emit
 from agentkv.gateway.auth import ANONYMOUS, ApiKeys, bearer_token, load_api_keys, salt_secret
 from agentkv.gateway.config import GatewayConfig, urls_of
 from agentkv.gateway.metrics import GatewayMetrics
-from agentkv.gateway.sessions import SessionMap
 from agentkv.gateway.upstream import Upstream
 from agentkv.state import InProcessStore, StateStore
 from agentkv.state.config import redis_store_for
 from agentkv.warm import CooldownMap, InFlightLimit, WarmAheadPolicy
 
-__all__ = ["LEDGER_ROWS", "GatewayContext", "backends_of", "session_id"]
+__all__ = ["LEDGER_ROWS", "GatewayContext", "backends_of"]
 
 _Key = tuple[str, str]  # (tenant, conversation)
-LEDGER_ROWS = 32
-"""Ledger rows each conversation's Session keeps: a conversation can last as long as its client sends the same
-``x-session-id`` or ``user``, and its memory must not grow with its turns."""
 
 
 
@@ -39,11 +35,6 @@ def backends_of(config: GatewayConfig) -> tuple[Backend, Backend]:
     fast, slow = urls_of(config.fast_url), urls_of(config.slow_url)
     return (Backend(f"hosted_vllm/{config.fast_model}", api_base=fast[0], replicas=fast, name="fast"),
             Backend(f"hosted_vllm/{config.slow_model}", api_base=slow[0], replicas=slow, name="slow"))
-
-
-def session_id(conversation: str) -> str:
-    """The Session id of a conversation: a digest, the same in every process (a client's id never reaches a log)."""
-    return "gw-" + hashlib.sha256(conversation.encode()).hexdigest()[:32]
 
 
 class GatewayContext:
@@ -72,9 +63,10 @@ class GatewayContext:
         self.sessions: SessionMap[_Key, Session] = SessionMap(
             self._new_session, max_sessions=config.max_sessions, idle_s=config.session_idle_s,
             on_drop=lambda session: session.close())
-        emit("gateway.ready", fast=list(self.fast.replicas) or self.fast.api_base,
-             slow=list(self.slow.replicas) or self.slow.api_base, tenants=len(self.keys.tenants)
-             if self.keys else 0, shared_state=redis_url is not None, salted=self.secret is not None)
+        emit("gateway.ready", fast=[redact_url(u) for u in self.fast.replicas] or redact_url(self.fast.api_base or ""),
+             slow=[redact_url(u) for u in self.slow.replicas] or redact_url(self.slow.api_base or ""),
+             tenants=len(self.keys.tenants) if self.keys else 0, shared_state=redis_url is not None,
+             salted=self.secret is not None)
 
     def tenant(self, authorization: str | None) -> str | None:
         """The tenant a request's ``Authorization`` header names (the anonymous one without a keys file)."""

@@ -44,6 +44,7 @@ from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_me
 from langchain_core.runnables import Runnable, RunnableBinding
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from agentkv.conversations import Conversations, session_of
 from agentkv.errors import ConfigurationError, ContextOverflowError
 from agentkv.events import emit
 from agentkv.overflow import overflow_from_error
@@ -51,6 +52,19 @@ from agentkv.protocols import SessionLike
 from agentkv._session import Attempt, Observation
 from agentkv.wire.hosted import openai_keyed
 from agentkv.wire.openai import OBSERVED_KEYS, routing_headers_of
+
+_AGENTS = ("AgentKVMiddleware", "token_counter")  # LangChain 1.x agents: agentkv.integrations.langchain_agents
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`AgentKVMiddleware` and :func:`token_counter` for ``create_agent``, imported on first use: they need the
+    ``langchain`` package, which the rest of this module (``langchain-core`` only) does not."""
+    if name in _AGENTS:
+        from agentkv.integrations import langchain_agents
+
+        return getattr(langchain_agents, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _SALT_WARNED: LRUCache[str, bool] = LRUCache(maxsize=4096)  # Sessions already warned about a missing salt
 _SALT_LOCK = threading.Lock()
@@ -84,6 +98,15 @@ def openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
                 for m in messages]
     return [_convert_message_to_dict(_convert_from_v1_to_chat_completions(m) if isinstance(m, AIMessage) else m)
             for m in messages]
+
+
+def thread_of(metadata: Mapping[str, Any] | None) -> str | None:
+    """LangGraph's ``thread_id`` (its run config's ``configurable``, which it copies into every callback's
+    ``metadata``), or None: the conversation a :class:`~agentkv.Conversations` serves the call in."""
+    value = (metadata or {}).get("thread_id")
+    if isinstance(value, bool) or not isinstance(value, (str, int, UUID)):
+        return None
+    return str(value) or None
 
 
 def _first_warning(session_id: str) -> bool:
@@ -148,11 +171,11 @@ class _Accounting:
     long prefixes).
     """
 
-    def __init__(self, session: SessionLike, block_overflow: bool) -> None:
+    def __init__(self, session: SessionLike | Conversations, block_overflow: bool) -> None:
         self.session = session
         self.block_overflow = block_overflow
         self.raise_error = block_overflow  # LangChain re-raises a handler's error only when this is True
-        self._runs: dict[UUID, list[int]] = {}
+        self._runs: dict[UUID, list[tuple[SessionLike, int]]] = {}
         self._counts: Counter[str] = Counter({name: 0 for name in COUNTERS})
         self._lock = threading.Lock()
 
@@ -164,37 +187,45 @@ class _Accounting:
 
     @property
     def runs(self) -> dict[UUID, list[int]]:
-        """Runs in flight: run id -> the ledger turns observed for it."""
+        """Runs in flight: run id -> the ledger turns observed for it (each in its conversation's Session)."""
         with self._lock:
-            return {k: list(v) for k, v in self._runs.items()}
+            return {k: [turn for _, turn in v] for k, v in self._runs.items()}
 
     def _add(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
 
-    def _requests(self, messages: list[list[BaseMessage]], kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        params = kwargs.get("invocation_params")
-        if salt_missing(params, self.session) and _first_warning(self.session.session_id):
-            emit("cache_salt_missing", level="warning", session=self.session.session_id,
-                 fix="ChatOpenAI(..., extra_body={'cache_salt': session.cache_salt})")
-        return [chat_request(batch, params) for batch in messages]
+    def _requests(self, messages: list[list[BaseMessage]],
+                  kwargs: Mapping[str, Any]) -> list[tuple[SessionLike, dict[str, Any]]]:
+        """Each prompt's request, with the Session it is observed in: ``session``, or its conversation's (LangGraph's
+        ``thread_id`` in the run's ``metadata``, else the prompt's opening; ``tenant_of`` gets that metadata)."""
+        params, metadata = kwargs.get("invocation_params"), kwargs.get("metadata") or {}
+        found = []
+        for batch in messages:
+            request = chat_request(batch, params)
+            session = session_of(self.session, conversation=thread_of(metadata), body=request, request=metadata)
+            if salt_missing(params, session) and _first_warning(session.session_id):
+                emit("cache_salt_missing", level="warning", session=session.session_id,
+                     fix="ChatOpenAI(..., extra_body={'cache_salt': session.cache_salt})")
+            found.append((session, request))
+        return found
 
-    def _started(self, run_id: UUID, observations: list[Observation]) -> None:
+    def _started(self, run_id: UUID, observed: list[tuple[SessionLike, Observation]]) -> None:
         with self._lock:
-            self._runs[run_id] = [o.turn for o in observations]
-            self._counts["observed"] += len(observations)
+            self._runs[run_id] = [(session, o.turn) for session, o in observed]
+            self._counts["observed"] += len(observed)
         if not self.block_overflow:
             return
-        for observation in observations:
-            error = refusal(observation, self.session)
+        for session, observation in observed:
+            error = refusal(observation, session)
             if error is not None:
                 self._finish(run_id)
                 self._add("blocked")
                 emit("langchain_blocked", input_tokens=error.input_tokens, windows=error.windows,
-                     suggested=error.suggested_backend, session=self.session.session_id)
+                     suggested=error.suggested_backend, session=session.session_id)
                 raise error
 
-    def _finish(self, run_id: UUID) -> list[int] | None:
+    def _finish(self, run_id: UUID) -> list[tuple[SessionLike, int]] | None:
         with self._lock:
             turns = self._runs.pop(run_id, None)
             if turns is None:
@@ -203,12 +234,12 @@ class _Accounting:
 
     def _ended(self, response: Any, run_id: UUID) -> None:
         turns = self._finish(run_id)
-        for turn, generations in zip(turns or (), response.generations):
+        for (session, turn), generations in zip(turns or (), response.generations):
             if not generations:
                 continue
             cached = cached_tokens(getattr(generations[0], "message", None), response.llm_output)
             if cached is not None:
-                self.session.record_usage(turn, cached_tokens=cached)
+                session.record_usage(turn, cached_tokens=cached)
                 self._add("usage_recorded")
 
     def _failed(self, error: BaseException, run_id: UUID) -> None:
@@ -219,14 +250,18 @@ class _Accounting:
 
 
 class AgentKVCallbackHandler(_Accounting, BaseCallbackHandler):
-    """Accounts LangChain chat-model calls in ``session``; ``block_overflow`` stops calls that will not fit."""
+    """Accounts LangChain chat-model calls in ``session``; ``block_overflow`` stops calls that will not fit.
 
-    def __init__(self, session: SessionLike, *, block_overflow: bool = False) -> None:
+    ``session`` may be a :class:`~agentkv.Conversations`: each call is then accounted in its conversation's Session,
+    the one LangGraph's ``thread_id`` names (it is in the callback's ``metadata``; outside LangGraph, pass
+    ``config={"metadata": {"thread_id": ...}}``), else the one its opening's fingerprint names."""
+
+    def __init__(self, session: SessionLike | Conversations, *, block_overflow: bool = False) -> None:
         super().__init__(session, block_overflow)
 
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID,
                             parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self._started(run_id, [self.session.observe(**r) for r in self._requests(messages, kwargs)])
+        self._started(run_id, [(s, s.observe(**r)) for s, r in self._requests(messages, kwargs)])
 
     def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._ended(response, run_id)
@@ -239,12 +274,12 @@ class AgentKVCallbackHandler(_Accounting, BaseCallbackHandler):
 class AsyncAgentKVCallbackHandler(_Accounting, AsyncCallbackHandler):
     """The async twin of :class:`AgentKVCallbackHandler` (counts over async HTTP; warms run as tasks)."""
 
-    def __init__(self, session: SessionLike, *, block_overflow: bool = False) -> None:
+    def __init__(self, session: SessionLike | Conversations, *, block_overflow: bool = False) -> None:
         super().__init__(session, block_overflow)
 
     async def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *,
                                   run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self._started(run_id, [await self.session.aobserve(**r) for r in self._requests(messages, kwargs)])
+        self._started(run_id, [(s, await s.aobserve(**r)) for s, r in self._requests(messages, kwargs)])
 
     async def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                          **kwargs: Any) -> None:
@@ -267,6 +302,11 @@ class ChatAgentKV(BaseChatModel):
 
         model = ChatAgentKV(ChatOpenAI(base_url=fast_url), ChatOpenAI(base_url=slow_url), session)
         agent_model = model.bind_tools([search, fetch])
+
+    ``session`` may be a :class:`~agentkv.Conversations`, for one model serving many conversations: each call goes
+    through its conversation's Session, the one LangGraph's ``thread_id`` names (LangChain hands it to the call in the
+    run's metadata; outside LangGraph, pass ``config={"metadata": {"thread_id": ...}}``), else the one its opening
+    (system prompt, first user message, tools) names. ``tenant_of`` gets the run's metadata.
     """
 
     fast_model: Any
@@ -274,7 +314,7 @@ class ChatAgentKV(BaseChatModel):
     session: Any
     last_role: str | None = None
 
-    def __init__(self, fast_model: Any, slow_model: Any, session: SessionLike, **kwargs: Any) -> None:
+    def __init__(self, fast_model: Any, slow_model: Any, session: SessionLike | Conversations, **kwargs: Any) -> None:
         pools = [b.label for b in (getattr(session, "fast", None), getattr(session, "slow", None))
                  if getattr(b, "is_pool", False)]
         if pools:  # each LangChain chat model addresses one URL: it cannot follow a conversation's replica
@@ -307,6 +347,12 @@ class ChatAgentKV(BaseChatModel):
         if params.get("max_tokens") is None and isinstance(budget, int):
             params["max_tokens"] = budget
         return chat_request(messages, params)
+
+    def _session(self, request: Mapping[str, Any], run_manager: Any) -> Any:
+        """The Session this call goes through: ``session``, or its conversation's (:func:`thread_of` the run's
+        metadata, else the request's opening)."""
+        metadata = getattr(run_manager, "metadata", None) or {}
+        return session_of(self.session, conversation=thread_of(metadata), body=request, request=metadata)
 
     def _call(self, attempt: Attempt, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         """The model this try goes to and its kwargs: bound ones, the clamped budget, the tenant's salt, a handoff's
@@ -349,9 +395,11 @@ class ChatAgentKV(BaseChatModel):
             model, call = self._call(attempt, kwargs)
             return model._generate(messages, stop=stop, run_manager=run_manager, **call)  # type: ignore[no-any-return]
 
-        ended = self.session.turn(self.session.prepare(self._request(messages, kwargs)), send, retries=False)
+        request = self._request(messages, kwargs)
+        session = self._session(request, run_manager)
+        ended = session.turn(session.prepare(request), send, retries=False)
         result = ended.result()
-        self.session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output))
+        session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output))
         return result
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -360,10 +408,11 @@ class ChatAgentKV(BaseChatModel):
             model, call = self._call(attempt, kwargs)
             return await model._agenerate(messages, stop=stop, run_manager=run_manager, **call)  # type: ignore[no-any-return]
 
-        attempt = await self.session.aprepare(self._request(messages, kwargs))
-        ended = await self.session.aturn(attempt, send, retries=False)
+        request = self._request(messages, kwargs)
+        session = self._session(request, run_manager)
+        ended = await session.aturn(await session.aprepare(request), send, retries=False)
         result = ended.result()
-        self.session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output), asynchronous=True)
+        session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output), asynchronous=True)
         return result
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -373,14 +422,15 @@ class ChatAgentKV(BaseChatModel):
             chunks = model._stream(messages, stop=stop, run_manager=run_manager, **call)
             return next(chunks, None), chunks  # an overflow is raised before the first chunk
 
-        ended = self.session.turn(self.session.prepare(self._request(messages, kwargs)), send, streamed=True,
-                                  retries=False)
+        request = self._request(messages, kwargs)
+        session = self._session(request, run_manager)
+        ended = session.turn(session.prepare(request), send, streamed=True, retries=False)
         first, chunks = ended.result()
         usage: dict[str, Any] = {}
         for chunk in itertools.chain([first] if first is not None else [], chunks):
             usage = _usage(chunk.message, None) or usage
             yield chunk
-        self.session.answered(ended.attempt, usage)
+        session.answered(ended.attempt, usage)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
@@ -390,8 +440,9 @@ class ChatAgentKV(BaseChatModel):
             chunks = model._astream(messages, stop=stop, run_manager=run_manager, **call)
             return await anext(chunks, None), chunks
 
-        attempt = await self.session.aprepare(self._request(messages, kwargs))
-        ended = await self.session.aturn(attempt, send, streamed=True, retries=False)
+        request = self._request(messages, kwargs)
+        session = self._session(request, run_manager)
+        ended = await session.aturn(await session.aprepare(request), send, streamed=True, retries=False)
         first, chunks = ended.result()
         usage: dict[str, Any] = {}
         if first is not None:
@@ -400,7 +451,7 @@ class ChatAgentKV(BaseChatModel):
         async for chunk in chunks:
             usage = _usage(chunk.message, None) or usage
             yield chunk
-        self.session.answered(ended.attempt, usage, asynchronous=True)
+        session.answered(ended.attempt, usage, asynchronous=True)
 
 
 AgentKVRouter = ChatAgentKV  # the name before it became a real chat model

@@ -7,6 +7,12 @@
                            http_client=httpx.Client(transport=AgentKVTransport(session)))
     client.chat.completions.create(model=fast_model_id, messages=messages, tools=tools)
 
+A client built once for many conversations takes a :class:`~agentkv.Conversations` instead of the Session:
+``AgentKVTransport(conversations)``. Each chat completion then goes through its conversation's Session: the one its
+``X-Session-ID`` header names (or a header under one of the backends' ``affinity_headers``), else its body's ``user``,
+else its opening's fingerprint; under the tenant ``tenant_of`` finds for the ``httpx.Request`` (say, from its API key),
+never under one the request names.
+
 The same one line serves ``langchain_openai.ChatOpenAI(http_client=..., http_async_client=...)``, the
 Agents SDK's ``AsyncOpenAI``, and pydantic-ai's OpenAI provider. For ``POST …/chat/completions`` the
 transport reads the raw body and, through the Session's public core (:meth:`Session.prepare`,
@@ -37,7 +43,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import httpx
 
 from agentkv._session import Attempt, TurnEnd
-from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError
+from agentkv.conversations import Conversations, session_of
+from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError, PoolExhaustedError
 from agentkv.retry import outage_cause
 from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, outgoing_body, routing_headers_of
 
@@ -60,7 +67,19 @@ def is_chat_completion(request: httpx.Request) -> bool:
     return request.method == "POST" and request.url.path.rstrip("/").endswith("/chat/completions")
 
 
-def check_addressable(session: "Session") -> None:
+def conversation_header(request: httpx.Request, target: "Session | Conversations") -> str | None:
+    """The conversation the request names: its ``X-Session-ID`` header, else a header under one of the backends'
+    ``affinity_headers`` (None without one)."""
+    names = ["X-Session-ID", *(n for b in (target.fast, target.slow) if b is not None for n in b.affinity_headers)]
+    return next((request.headers[n] for n in names if request.headers.get(n)), None)
+
+
+def session_for(target: "Session | Conversations", request: httpx.Request, body: Mapping[str, Any]) -> "Session":
+    """The Session this request goes through: ``target``, or its conversation's when ``target`` is a Conversations."""
+    return session_of(target, conversation=conversation_header(request, target), body=body, request=request)
+
+
+def check_addressable(session: "Session | Conversations") -> None:
     """The transport re-sends the client's OpenAI body to the backend's own URL: a :class:`ConfigurationError` unless
     each backend is an OpenAI-compatible server or OpenAI's API, slow with an ``api_base`` (a slow try without one
     would go where the client sent the fast one, with slow's key)."""
@@ -121,10 +140,11 @@ def replayed(response: httpx.Response, raw: bytes) -> httpx.Response:
 
 
 def json_answer(response: httpx.Response, raw: bytes) -> Any:
-    """The parsed JSON of a raw (possibly content-encoded) answer, or None when it is not JSON."""
+    """The parsed JSON of a raw (possibly content-encoded) answer, or None when it is not JSON (or nested too deep
+    to parse: the answer still reaches the caller as it came)."""
     try:
         return httpx.Response(response.status_code, headers=response.headers, content=raw).json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -248,7 +268,8 @@ def _answered(session: "Session", request: httpx.Request, ended: TurnEnd[Sent], 
 
 # ----------------------------------------------------------------------------- the transports
 class AgentKVTransport(httpx.BaseTransport):
-    """An httpx transport routing an OpenAI-SDK client's chat completions through ``session``.
+    """An httpx transport routing an OpenAI-SDK client's chat completions through ``session`` (a Session, or a
+    :class:`~agentkv.Conversations`: each request through its conversation's Session).
 
     ``inner`` sends the requests (a pooled ``httpx.HTTPTransport`` by default). Each try is retried and failed
     over under the Session's :class:`~agentkv.RetryPolicy` (at most ``attempts`` tries per backend in a turn);
@@ -256,7 +277,7 @@ class AgentKVTransport(httpx.BaseTransport):
     left is raised as the SDK's own, so the SDK's ``max_retries`` never multiplies the policy's.
     """
 
-    def __init__(self, session: "Session", inner: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, session: "Session | Conversations", inner: httpx.BaseTransport | None = None) -> None:
         check_addressable(session)
         self.session = session
         self._inner = inner or httpx.HTTPTransport()
@@ -265,14 +286,14 @@ class AgentKVTransport(httpx.BaseTransport):
         if not is_chat_completion(request):
             return self._inner.handle_request(request)
         body = json.loads(request.read())
+        session = session_for(self.session, request, body)
         try:
-            attempt = self.session.prepare(counted_view(body), headers=request.headers)
+            attempt = session.prepare(counted_view(body), headers=request.headers)
         except ContextOverflowError as error:
             return refused(error)
         stream = bool(body.get("stream"))
-        ended = self.session.turn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream),
-                                  streamed=stream)
-        return _answered(self.session, request, ended, stream, asynchronous=False)
+        ended = session.turn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream), streamed=stream)
+        return _answered(session, request, ended, stream, asynchronous=False)
 
     def _outgoing(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
         return outgoing_request(request, body, attempt, pooled=self.session.fast.is_pool)
@@ -300,7 +321,7 @@ class AgentKVTransport(httpx.BaseTransport):
 class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
     """The async twin of :class:`AgentKVTransport` (counts over async HTTP; warms run as tasks)."""
 
-    def __init__(self, session: "Session", inner: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, session: "Session | Conversations", inner: httpx.AsyncBaseTransport | None = None) -> None:
         check_addressable(session)
         self.session = session
         self._inner = inner or httpx.AsyncHTTPTransport()
@@ -309,14 +330,15 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
         if not is_chat_completion(request):
             return await self._inner.handle_async_request(request)
         body = json.loads(await request.aread())
+        session = session_for(self.session, request, body)
         try:
-            attempt = await self.session.aprepare(counted_view(body), headers=request.headers)
+            attempt = await session.aprepare(counted_view(body), headers=request.headers)
         except ContextOverflowError as refusal:
             return refused(refusal)
         stream = bool(body.get("stream"))
-        ended = await self.session.aturn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream),
-                                         streamed=stream)
-        return _answered(self.session, request, ended, stream, asynchronous=True)
+        ended = await session.aturn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream),
+                                    streamed=stream)
+        return _answered(session, request, ended, stream, asynchronous=True)
 
     def _outgoing(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
         return outgoing_request(request, body, attempt, pooled=self.session.fast.is_pool)
@@ -344,9 +366,11 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
 def _last_word(request: httpx.Request, error: Exception) -> httpx.Response:
     """What the caller's client gets when the turn ended with ``error``: the backend's last answer (also when the
     Session gave up on an overflow it answered), or ``error`` raised as the client's own final error."""
-    answer = error.__cause__ if isinstance(error, ContextOverflowError) else error
+    answer = error.__cause__ if isinstance(error, (ContextOverflowError, PoolExhaustedError)) else error
     if isinstance(answer, Rejected) and answer.response is not None:
         return replay(answer)
+    if isinstance(error, PoolExhaustedError) and isinstance(answer, httpx.TransportError):
+        error = answer  # an httpx client expects a transport's own errors (the pool_exhausted event names the states)
     wrapped = gave_up(request, error)
     if wrapped is error:
         raise error

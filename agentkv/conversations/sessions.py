@@ -1,4 +1,5 @@
-"""The gateway's conversations: one Session each, held in a bounded map (LRU, plus an idle TTL).
+"""Conversations held in memory (the gateway's, and those of each :class:`~agentkv.Conversations`): one Session each,
+in a bounded map (LRU, plus an idle TTL).
 
 Memory stays bounded whatever clients send: past ``max_sessions`` the least recently used conversation is
 dropped, and one idle for ``idle_s`` is dropped at the next access. A dropped conversation loses only what
@@ -48,6 +49,12 @@ class SessionMap(Generic[K, V]):
     def values(self) -> list[V]:
         """The values held, least recently used first."""
         return [value for _, value in self._entries.values()]
+
+    def clear(self) -> list[V]:
+        """Forget every entry (``on_drop`` is not called) and return the values, least recently used first."""
+        values = self.values()
+        self._entries.clear()
+        return values
 
     def get(self, key: K) -> V:
         """The value for ``key``, built when absent or expired; it becomes the most recently used."""
