@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from agentkv.errors import ConfigurationError as ConfigurationError
     from agentkv.errors import ContextOverflowError as ContextOverflowError
     from agentkv.errors import InvalidRequestError as InvalidRequestError
+    from agentkv.errors import PoolExhaustedError as PoolExhaustedError
     from agentkv.handoff.escalation import Handoff as Handoff
     from agentkv.prefix import PrefixReport as PrefixReport
     from agentkv.protocols import CompletionClient as CompletionClient
@@ -84,6 +85,7 @@ _EXPORTS = {
     "AgentKVError": "agentkv.errors",
     "ConfigurationError": "agentkv.errors",
     "ContextOverflowError": "agentkv.errors",
+    "PoolExhaustedError": "agentkv.errors",
     "InvalidRequestError": "agentkv.errors",
     "Handoff": "agentkv.handoff.escalation",
     "PrefixReport": "agentkv.prefix",
@@ -138,6 +140,7 @@ __all__ = [
     "InvalidRequestError",
     "LedgerEntry",
     "NoSessionError",
+    "PoolExhaustedError",
     "Observation",
     "PrefixReport",
     "RetryPolicy",

@@ -18,6 +18,14 @@ EXPECTED = {
     "openai_sdk": r"openai_sdk: escalated to slow at turn \d+ with \d+ tokens, [1-9]\d* of them already cached by 1 warm",
     "agents_sdk": r"agents_sdk: \d+ model calls; escalated to slow at turn \d+ with \d+ tokens, [1-9]\d* of them",
     "langgraph_agent": r"langgraph_agent: \d+ model calls; escalated to slow at turn \d+ with \d+ tokens, [1-9]\d* of",
+    "conversations_service": r"conversations_service: (\d+) conversations of 3 tenants through one transport, \1 "
+                             r"escalations read their own warm",
+    "langchain_middleware": r"langchain_middleware: routes \{'fast': \d+, 'slow': \d+\}; the escalation at call \d+ "
+                            r"\(\d+ tokens\) read [1-9]\d* cached tokens, (9[5-9]|100)% of the warm's [1-9]\d* "
+                            r"full-block tokens .*SummarizationMiddleware.*: [1-9]\d* summary, routes \{'fast': \d+\}$",
+    "litellm_provider": r"litellm_provider: smolagents made \d+ calls through agentkv/fast, routes \{'fast': \d+, "
+                        r"'slow': \d+\}; the escalation at call \d+ \(\d+ tokens\) read [1-9]\d* cached tokens, "
+                        r"(9[5-9]|100)% of the warm's [1-9]\d* full-block tokens",
 }
 
 
@@ -45,4 +53,4 @@ def test_example_runs_and_prints_its_summary(runs, name):
     """python examples/<name>.py --quick exits 0 and prints its summary line."""
     code, output = runs[name]
     assert code == 0, output[-3000:]
-    assert re.search(EXPECTED[name], output), output[-3000:]
+    assert re.search(EXPECTED[name], output, re.MULTILINE), output[-3000:]

@@ -11,7 +11,8 @@ from agentkv import Backend, ConfigurationError, Session
 EXPECTED = {
     "AgentKVError", "Attempt", "Backend", "CompletionClient", "ConfigurationError", "ContextOverflowError",
     "Conversations", "Handoff", "HttpError", "HttpTransport", "InvalidRequestError", "LedgerEntry", "NoSessionError",
-    "Observation", "PrefixReport", "RetryPolicy", "RouteDecision", "RoutePolicy", "RunResult", "Session", "SessionLike",
+    "Observation", "PoolExhaustedError", "PrefixReport", "RetryPolicy", "RouteDecision", "RoutePolicy", "RunResult",
+    "Session", "SessionLike",
     "TokenCount", "Tool", "TurnEnd", "WarmAheadPolicy", "WindowDiscovery", "__version__", "acompletion", "completion",
     "configure", "current_session", "function_schema", "session",
 }
