@@ -217,6 +217,25 @@ def test_one_tenant_alone_cannot_eject_a_replica_another_tenant_uses():
     assert not any(v.eject for v in one_conversation)
 
 
+def test_a_tenant_that_ejects_a_replica_it_used_alone_ejects_it_for_itself_only():
+    """Tenant B used a replica and went quiet (think time past the window); tenant A's three poisoned turns then trip
+    its breaker on A's evidence alone: the replica is out for A's conversations, never for B's or anyone else's in this
+    process, and never in the store."""
+    from agentkv.state import Ejections
+    from agentkv.testing import FakeClock
+
+    clock, store = FakeClock(), InProcessStore()
+    ejections = Ejections(store, clock=clock, refresh_s=0.0)
+    replica = "http://r1:8000/v1"
+    ejections.observe(replica, "ok", session="b1", tenant="tenant-b")
+    clock.advance(31)
+    verdicts = [ejections.observe(replica, "failed", session=f"a{i % 2}", tenant="tenant-a") for i in range(3)]
+    assert verdicts[-1].eject and not verdicts[-1].shared
+    assert ejections.down([replica], "tenant-a") == {replica}
+    assert ejections.down([replica], "tenant-b") == frozenset() and ejections.down([replica]) == frozenset()
+    assert store.read_down([replica]) == frozenset()
+
+
 def test_the_breakers_memory_is_bounded():
     """However many tenants and failures it is fed, a replica's record keeps a bounded number of entries."""
     rule = BreakerRule()
@@ -247,7 +266,8 @@ def test_ejections_carry_out_the_breakers_verdicts_and_share_only_evidence_from_
         clock.advance(1)
         verdict = ejections.observe(alone, "failed", session=f"a{i}", tenant="tenant-a", cooloff_s=10)
     assert verdict.eject and not verdict.shared
-    assert ejections.down([alone]) == {alone} and store.read_down([alone]) == frozenset()
+    assert ejections.down([alone], "tenant-a") == {alone} and store.read_down([alone]) == frozenset()
+    assert ejections.down([alone], "tenant-b") == frozenset() and ejections.down([alone]) == frozenset()
     clock.advance(11)
     assert not ejections.observe(alone, "failed", session="a9", tenant="tenant-a").eject
 

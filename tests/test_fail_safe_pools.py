@@ -144,6 +144,22 @@ def test_one_tenant_minting_ids_cannot_push_the_in_process_store_past_its_bound(
     _one_tenant_cannot_fill_the_pool(InProcessStore(clock=FakeClock(), max_active=40, tenant_share=0.25))
 
 
+def _no_tenant_holds_the_whole_bound(store):
+    for i in range(39):  # a deployment that names no tenant: well past a tenant's share, every home is kept
+        key = f"anon-{i}"
+        home = place(store, key, tenant="")
+        assert place(store, key, down={home}, tenant="") == home
+
+
+def test_conversations_of_no_tenant_may_hold_the_whole_bound(redis_url):
+    """Conversations of no tenant (a single-tenant deployment) are not held to one tenant's share: their homes are kept
+    up to the pool's bound, in process and in Redis."""
+    _no_tenant_holds_the_whole_bound(InProcessStore(clock=FakeClock(), max_active=40, tenant_share=0.25))
+    store = redis_store(redis_url, max_active=40, tenant_share=0.25)
+    _no_tenant_holds_the_whole_bound(store)
+    store.close()
+
+
 def test_one_tenant_minting_ids_cannot_push_redis_past_its_bound(redis_url):
     """The same bound and share through Redis."""
     store = redis_store(redis_url, max_active=40, tenant_share=0.25)
@@ -334,4 +350,8 @@ def test_a_sessions_own_secret_keys_its_tenant_in_redis(redis_url, monkeypatch):
     text = _everything_in(store)
     assert ":cooldown:" in text or list(store.client.scan_iter(f"{store.keys.prefix}:cooldown:*"))
     assert text and not any(g in text for g in guesses) and "globex" not in text
+    from agentkv.fleet import store_id
+
+    unkeyed = {store_id("replica", url, None) for url in slow.replicas} | {store_id("pool", "slow", None)}
+    assert not any(u in text for u in unkeyed)  # the replicas' ids too are keyed by the Session's secret
     store.close()

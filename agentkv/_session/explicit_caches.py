@@ -140,6 +140,8 @@ class ExplicitCaches:
     def __init__(self, session: str, tenant: str | None, http: "HttpTransport", stats: "SessionStats",
                  caches: CacheRegistry | None = None) -> None:
         self._session, self._tenant, self._http, self._stats = session, tenant, http, stats
+        # what holds a cache in the registry: this object alone (two Sessions may share a session id)
+        self._holder = secrets.token_hex(16)
         self._registry = caches or registry()
         self._lock = threading.Lock()
         self._held: set[str] = set()
@@ -163,7 +165,7 @@ class ExplicitCaches:
 
     def named(self, plan: Plan) -> OwnedCache | None:
         """The live cache ``plan`` reads (another of this tenant's Sessions may have created it), now held here."""
-        cache = self._registry.acquire(plan.key, self._session)
+        cache = self._registry.acquire(plan.key, self._holder)
         if cache is not None:
             self._record(cache.name)
         return cache
@@ -249,7 +251,7 @@ class ExplicitCaches:
         expires_at = _expiry(answer.get("expireTime"))
         cache = OwnedCache(plan.backend, name, plan.key, _tokens(answer), time.monotonic(),
                            None if expires_at is None else max(0.0, expires_at - time.time()), expires_at,
-                           plan.headers, {self._session})
+                           plan.headers, {self._holder})
         self._registry.add(cache)
         self._record(name)
         emit("explicit_cache_created", backend=plan.backend.label, tokens=cache.tokens, session=self._session)
@@ -263,7 +265,7 @@ class ExplicitCaches:
         self._closed = True
         with self._lock:
             names, self._held = sorted(self._held), set()
-        free, kept = self._registry.release(self._session, names)
+        free, kept = self._registry.release(self._holder, names)
         if kept:
             emit("explicit_cache_kept", kept=kept, session=self._session)  # another Session still reads them
         return free

@@ -84,6 +84,9 @@ class SessionState:
         self.cache_salt = resolve_cache_salt(tenant, cache_salt, secret, self_hosted=any(b.self_hosted for b in self._backends()))
         self.routing_key = routing_key(tenant, self.session_id, secret)  # opaque: routers log headers
         self._tenant_digest = tenant_digest(tenant, secret)  # what spans carry for the tenant: keyed by the secret
+        adopt = getattr(getattr(self.state, "keys", None), "adopt", None)  # a store with ids at rest (Redis)
+        if secret and callable(adopt):
+            adopt(secret)  # keys them by this secret unless it has one
         self.ejections = ejections_for(self.state)
         # each pool's replicas as Backends (label -> url -> replica), and every pooled URL (what ejections are read for)
         self.replicas = {b.label: {url: b.replica(url) for url in b.replicas} for b in self._backends() if b.is_pool}

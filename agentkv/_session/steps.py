@@ -44,7 +44,7 @@ __all__ = ["acount", "aeject", "afacts", "amaybe_warm", "arecount", "count", "de
 def facts(s: SessionState) -> Facts:
     """The backends' windows and served models, as discovered now (cached, single flight; a pool's per replica,
     the smallest used), and which pooled replicas are cooling off."""
-    down = s.ejections.down(s.pooled) if s.pooled else frozenset()
+    down = s.ejections.down(s.pooled, s.tenant) if s.pooled else frozenset()
     if down:
         _probe_probation(s, asynchronous=False)
     fast = _pooled(s, s.fast, [s.discovery.window(b, model_known=False) for b in s._members(s.fast, down)])
@@ -63,7 +63,7 @@ def facts(s: SessionState) -> Facts:
 
 
 async def afacts(s: SessionState) -> Facts:
-    down = await s.ejections.adown(s.pooled) if s.pooled else frozenset()
+    down = await s.ejections.adown(s.pooled, s.tenant) if s.pooled else frozenset()
     if down:
         _probe_probation(s, asynchronous=True)
     fast = _pooled(s, s.fast, [await s.discovery.awindow(b, model_known=False) for b in s._members(s.fast, down)])

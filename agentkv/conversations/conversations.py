@@ -120,7 +120,8 @@ class Conversations:
     ``client``, ``http``, …) are what each Session is built with; ``session_id`` and a fixed ``cache_salt`` string are
     refused (:class:`ConfigurationError`), since each conversation and tenant needs its own. The tenant is ``tenant``
     (every conversation's) or ``tenant_of(request)`` (an integrator's function of the request, as the gateway takes
-    the tenant from the API key): exactly one of the two, and never a field of what the caller sends. ``state`` is
+    the tenant from the API key): exactly one of the two, and never a field of what the caller sends. It must return
+    a tenant id, never the credential itself (the tenant is named in its Sessions' events). ``state`` is
     the one :class:`~agentkv.state.StateStore` all its Sessions share (warm-ahead cooldowns and in-flight limits,
     windows). At most ``max_sessions`` conversations are held, and one idle ``idle_s`` seconds is dropped (its Session
     closed); ``clock``, when given, is the map's clock as well as each Session's. Each Session keeps the last
@@ -166,7 +167,8 @@ class Conversations:
 
     def _new_session(self, key: _Key) -> Session:
         tenant, conversation = key
-        emit("conversation.session.new", tenant=tenant, conversation=digest(conversation), held=len(self._sessions))
+        emit("conversation.session.new", tenant=digest(tenant), conversation=digest(conversation),
+             held=len(self._sessions))
         return Session(self.fast, self.slow, tenant=tenant, session_id=session_id(conversation), state=self.state,
                        **self._kwargs)
 

@@ -70,9 +70,10 @@ def home_by_load(ranked: Sequence[str], down: Collection[str], active: Mapping[s
     return next((replica for replica, count in zip(up, counts) if count < cap), up[0])
 
 
-def tenant_cap(max_active: int, share: float) -> int:
-    """How many of a pool's ``max_active`` conversations one tenant may hold: its ``share`` of them, at least one."""
-    return max(1, int(max_active * share))
+def tenant_cap(max_active: int, share: float, tenant: str = "?") -> int:
+    """How many of a pool's ``max_active`` conversations one tenant may hold: its ``share`` of them, at least one.
+    Conversations of no tenant (``tenant`` empty: a deployment that names none) may hold the whole bound."""
+    return max_active if not tenant else max(1, int(max_active * share))
 
 
 def store_id(kind: str, value: str, secret: str | bytes | None) -> str:

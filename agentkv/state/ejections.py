@@ -52,6 +52,8 @@ class Ejections:
         self._store = weakref.ref(store)  # weak: ejections_for's map never keeps a store (and its connections) alive
         self.refresh_s, self._clock, self.rule = refresh_s, clock, rule
         self._own: dict[str, float] = {}  # replica -> when this process's own mark ends (kept until confirmed up)
+        # (tenant digest, replica) -> when a mark that only this tenant's evidence earned ends: out for it alone
+        self._scoped: dict[tuple[str, str], float] = {}
         self._records: dict[str, ReplicaRecord] = {}  # replica -> its breaker's record
         self._seen: dict[tuple[str, ...], tuple[float, frozenset[str]]] = {}  # pool -> (read at, down then)
         self._probed: dict[str, float] = {}  # replica -> when this process last checked it was up
@@ -87,22 +89,38 @@ class Ejections:
             emit("replica_ejected", level="warning", replica=redact_url(replica), cooloff_s=cooloff_s, why=why)
         return fresh
 
+    def _scoped_mark(self, replica: str, cooloff_s: float, why: str, tenant: str | None) -> None:
+        """Eject ``replica`` for ``tenant``'s conversations alone (its own evidence, no other tenant's): every other
+        tenant of this process keeps it."""
+        key = (_digest(b"tenant", tenant or ""), replica)
+        with self._lock:
+            self._scoped.pop(key, None)
+            self._scoped[key] = self._clock() + cooloff_s
+            while len(self._scoped) > _RECORDS_LIMIT:
+                self._scoped.pop(next(iter(self._scoped)))  # the oldest mark
+            self._records.pop(replica, None)
+        emit("replica_ejected", level="warning", replica=redact_url(replica), cooloff_s=cooloff_s, why=why,
+             scope="tenant")
+
     def mark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S, *, shared: bool = True,
-             why: str = "down") -> None:
-        """Eject ``replica`` for ``cooloff_s``, here at once and, when ``shared``, in the store (best effort)."""
-        self._marked(replica, cooloff_s, why)
+             why: str = "down", tenant: str | None = None) -> None:
+        """Eject ``replica`` for ``cooloff_s``: when ``shared``, here at once and in the store (best effort); else for
+        ``tenant``'s conversations alone (one tenant's evidence never ejects a replica for the others)."""
         if not shared:
+            self._scoped_mark(replica, cooloff_s, why, tenant)
             return
+        self._marked(replica, cooloff_s, why)
         try:
             self.store.mark_down(replica, cooloff_s)
         except StateUnavailable:
             pass
 
     async def amark(self, replica: str, cooloff_s: float = DEFAULT_COOLOFF_S, *, shared: bool = True,
-                    why: str = "down") -> None:
-        self._marked(replica, cooloff_s, why)
+                    why: str = "down", tenant: str | None = None) -> None:
         if not shared:
+            self._scoped_mark(replica, cooloff_s, why, tenant)
             return
+        self._marked(replica, cooloff_s, why)
         try:
             await self.store.amark_down(replica, cooloff_s)
         except StateUnavailable:
@@ -126,14 +144,14 @@ class Ejections:
         """:meth:`judge`, then eject ``replica`` for ``cooloff_s`` when the verdict says so."""
         verdict = self.judge(replica, evidence, session=session, tenant=tenant)
         if verdict.eject:
-            self.mark(replica, cooloff_s, shared=verdict.shared, why=verdict.why)
+            self.mark(replica, cooloff_s, shared=verdict.shared, why=verdict.why, tenant=tenant)
         return verdict
 
     async def aobserve(self, replica: str, evidence: Evidence, *, session: str, tenant: str | None,
                        cooloff_s: float = DEFAULT_COOLOFF_S) -> Verdict:
         verdict = self.judge(replica, evidence, session=session, tenant=tenant)
         if verdict.eject:
-            await self.amark(replica, cooloff_s, shared=verdict.shared, why=verdict.why)
+            await self.amark(replica, cooloff_s, shared=verdict.shared, why=verdict.why, tenant=tenant)
         return verdict
 
     def cooling_s(self, replica: str) -> float | None:
@@ -173,28 +191,37 @@ class Ejections:
             self._seen[pool] = (now, down)
         return down
 
-    def down(self, pool: Sequence[str]) -> frozenset[str]:
-        """The replicas of ``pool`` that are out now (this process's marks, and the store's as last read)."""
+    def down(self, pool: Sequence[str], tenant: str | None = None) -> frozenset[str]:
+        """The replicas of ``pool`` that are out now for ``tenant``'s conversations (this process's marks, the
+        store's as last read, and the marks only that tenant's own evidence earned)."""
         key = tuple(pool)
         cached = self._cached(key)
-        if cached is not None:
-            return cached
-        try:
-            shared = self.store.read_down(key)
-        except StateUnavailable:
-            shared = frozenset()
-        return self._remember(key, shared)
+        if cached is None:
+            try:
+                shared = self.store.read_down(key)
+            except StateUnavailable:
+                shared = frozenset()
+            cached = self._remember(key, shared)
+        return cached | self._tenants_own(key, tenant)
 
-    async def adown(self, pool: Sequence[str]) -> frozenset[str]:
+    async def adown(self, pool: Sequence[str], tenant: str | None = None) -> frozenset[str]:
         key = tuple(pool)
         cached = self._cached(key)
-        if cached is not None:
-            return cached
-        try:
-            shared = await self.store.aread_down(key)
-        except StateUnavailable:
-            shared = frozenset()
-        return self._remember(key, shared)
+        if cached is None:
+            try:
+                shared = await self.store.aread_down(key)
+            except StateUnavailable:
+                shared = frozenset()
+            cached = self._remember(key, shared)
+        return cached | self._tenants_own(key, tenant)
+
+    def _tenants_own(self, pool: tuple[str, ...], tenant: str | None) -> frozenset[str]:
+        """The replicas of ``pool`` out for ``tenant`` alone (marks that only its own evidence earned), unexpired."""
+        if not self._scoped:
+            return frozenset()
+        who, now = _digest(b"tenant", tenant or ""), self._clock()
+        with self._lock:
+            return frozenset(r for r in pool if self._scoped.get((who, r), 0.0) > now)
 
 
 _FOR_STORE: "weakref.WeakKeyDictionary[StateStore, Ejections]" = weakref.WeakKeyDictionary()

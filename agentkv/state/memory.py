@@ -111,7 +111,7 @@ class InProcessStore:
                 homes.touch(conversation, now)
                 return found
             homes.forget(conversation)
-            if homes.full(tenant, self.max_active, tenant_cap(self.max_active, self.tenant_share)):
+            if homes.full(tenant, self.max_active, tenant_cap(self.max_active, self.tenant_share, tenant)):
                 return first_up(ranked, down)  # past the bound: rendezvous alone, nothing stored
             home = home_by_load(ranked, down, homes.per_replica, slack)
             homes.keep(conversation, home, tenant, now)

@@ -143,6 +143,13 @@ class KeyLayout:
         self.prefix = f"agentkv:{{{namespace}}}"
         self._secret = secret
 
+    def adopt(self, secret: str | bytes) -> None:
+        """Key every id by ``secret`` from now on, unless this layout was given a secret (or adopted one) already: a
+        Session's own ``cache_salt_secret`` keys the store it is handed that has none (every Session of a deployment
+        shares one secret, so the first to come is everyone's)."""
+        if not self._secret and secret:
+            self._secret = secret
+
     def id(self, kind: str, value: str) -> str:
         """The opaque id of ``value`` (of ``kind``: "tenant", "session", "replica", ...) in this store."""
         return store_id(kind, value, self._secret or _env.cache_salt_secret())
@@ -219,7 +226,8 @@ class RedisStore:
     client per event loop for async ones. ``timeout_s`` bounds every call; ``retry_s`` is how long
     calls fail fast after a failure (then the store reconnects by itself).
 
-    ``secret`` keys every id in Redis (default: ``AGENTKV_CACHE_SALT_SECRET``). Homes: at most ``max_active``
+    ``secret`` keys every id in Redis (default: the ``cache_salt_secret`` of the first Session handed this store,
+    else ``AGENTKV_CACHE_SALT_SECRET``). Homes: at most ``max_active``
     active conversations per pool, a tenant at most ``tenant_share`` of them (past either, rendezvous alone); the
     last ``recent_homes`` homes this process saw are kept here too, answered while Redis is away and re-seeded
     into it when it comes back empty."""
@@ -360,7 +368,7 @@ class RedisStore:
         last = self._recent.get(pool, conversation, idle_s)
         args: list[Any] = [self.keys.id("conversation", conversation), self.keys.id("tenant", tenant),
                            "" if last is None else self.keys.id("replica", last), _ms(idle_s), repr(float(slack)),
-                           self.max_active, tenant_cap(self.max_active, self.tenant_share), FORGET_PER_CALL]
+                           self.max_active, tenant_cap(self.max_active, self.tenant_share, tenant), FORGET_PER_CALL]
         for replica_id, url in ids.items():
             args += [replica_id, "1" if url in down else "0"]
         keys = [self.keys.homes(pool), self.keys.seen(pool), self.keys.counts(pool)]
