@@ -159,7 +159,7 @@ def _parsed(raw: bytes) -> Any:
     """A JSON answer parsed for :meth:`Session.answered` (its ``usage``); ``{}`` when it is not JSON."""
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return {}
 
 

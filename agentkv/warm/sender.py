@@ -193,8 +193,6 @@ class WarmAhead:
         self.cooloff_s = DEFAULT_COOLOFF_S
         # the hosted slow model the next warm goes to and its call: what its answer's cache tokens and cost count for
         self.accounted: tuple[Backend, Mapping[str, Any]] | None = None
-        # the Gemini explicit caches warms created (their backend and call), for the Session to delete at close
-        self.created_caches: collections.deque[tuple[Backend, Mapping[str, Any], float]] = collections.deque(maxlen=64)
 
     @property
     def _shown_replica(self) -> str | None:
@@ -418,13 +416,11 @@ class WarmAhead:
         never raises into anyone)."""
         if accounted is None:
             return
-        backend, call = accounted
+        backend, _ = accounted
         try:
             usage = response_usage(response)
             report_rejected(usage, backend=backend.label, session=self._session_id, warm=True)
             account(self._stats, backend, usage, warm=True, session=self._session_id)
-            if backend.explicit_cache and usage.cache_write_tokens:
-                self.created_caches.append((backend, call, time.monotonic()))
         except Exception as exc:
             emit("warm_cost_unread", level="warning", error=type(exc).__name__, session=self._session_id)
 
