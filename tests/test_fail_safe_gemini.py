@@ -7,6 +7,7 @@ import asyncio
 import copy
 
 import httpx
+import pytest
 
 from agentkv import Backend, Session
 from agentkv.state import InProcessStore
@@ -144,13 +145,25 @@ def test_a_close_racing_another_tenants_request_in_flight_neither_fails_nor_miss
         b.close()
 
 
-def test_same_tenant_sessions_share_a_cache_deleted_only_when_the_last_one_closes(fresh):
-    """Two Sessions of one tenant in one process share the cache the first created; the first's close leaves it (the
-    second still reads it, creating none) and the second's close deletes it."""
+def _distinct_ids(fast, slow):
+    return Session(fast, slow, tenant="acme"), Session(fast, slow, tenant="acme")
+
+
+def _one_session_id(fast, slow):
+    """Two live Sessions sharing a session id (two Conversations objects, or a gateway beside one, name a conversation
+    alike), each with its own guards (two services' stores), so each warms: they share nothing but the caches."""
+    return tuple(Session(fast, slow, tenant="acme", session_id="same", state=InProcessStore(CooldownMap()))
+                 for _ in range(2))
+
+
+@pytest.mark.parametrize("pair", [_distinct_ids, _one_session_id], ids=["distinct ids", "one session id"])
+def test_same_tenant_sessions_share_a_cache_deleted_only_when_the_last_one_closes(fresh, pair):
+    """Two Sessions of one tenant in one process share the cache the first created, whatever their session ids; the
+    first's close leaves it (the second still reads it, creating none) and the second's close deletes it."""
     with FakeGemini() as fake:
         history = chat(20)
         fast, slow = backends(fresh, fake)
-        first, second = Session(fast, slow, tenant="acme"), Session(fast, slow, tenant="acme")
+        first, second = pair(fast, slow)
         _, first_named = to_first_slow_turn(first, fake, history)
         at, second_named = to_first_slow_turn(second, fake, history)
         assert second_named == first_named and len(creates(fake)) == 1
@@ -160,26 +173,6 @@ def test_same_tenant_sessions_share_a_cache_deleted_only_when_the_last_one_close
         assert turn_named == first_named and created == [] and row.cached_tokens > 1000
         second.close()
         assert second.drain_warms(30) and fake.caches() == [] and set(fake.deleted) == first_named
-
-
-def test_two_sessions_with_one_session_id_each_hold_the_cache(fresh):
-    """Two live Sessions of one tenant that share a session id (two Conversations objects, or a gateway beside one,
-    name a conversation alike) each hold the cache: the first's close leaves it for the second."""
-    with FakeGemini() as fake:
-        history = chat(20)
-        fast, slow = backends(fresh, fake)
-        # each its own guards (two services' stores), so each warms: they share nothing but the process's caches
-        first = Session(fast, slow, tenant="acme", session_id="same", state=InProcessStore(CooldownMap()))
-        second = Session(fast, slow, tenant="acme", session_id="same", state=InProcessStore(CooldownMap()))
-        _, first_named = to_first_slow_turn(first, fake, history)
-        at, second_named = to_first_slow_turn(second, fake, history)
-        assert second_named == first_named and len(creates(fake)) == 1
-        first.close()
-        assert first.drain_warms(30) and fake.deleted == []
-        turn_named, created, row = one_slow_turn(second, fake, history[at])
-        assert turn_named == first_named and created == [] and row.cached_tokens > 1000
-        second.close()
-        assert second.drain_warms(30) and set(fake.deleted) == first_named
 
 
 def _deleting_before_the_next_turn(fake):
