@@ -13,14 +13,11 @@ where they are used.
 
 from typing import TYPE_CHECKING
 
-from agentkv._lazy import lazy_exports
-from agentkv._renamed import install as _keep_old_names
-
-_keep_old_names()  # agentkv.vllm.connector, agentkv.local, ... still import (as the new modules, with a warning)
+from agentkv._support.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from agentkv._http import HttpError as HttpError
-    from agentkv._http import HttpTransport as HttpTransport
+    from agentkv.http.transport import HttpError as HttpError
+    from agentkv.http.transport import HttpTransport as HttpTransport
     from agentkv._session import Attempt as Attempt
     from agentkv._session import Observation as Observation
     from agentkv._session import Session as Session
@@ -46,21 +43,7 @@ if TYPE_CHECKING:
     from agentkv.tokens import TokenCount as TokenCount
     from agentkv.toolschema import function_schema as function_schema
     from agentkv.warm import WarmAheadPolicy as WarmAheadPolicy
-    from agentkv.backends import WindowInfo as WindowInfo
-    from agentkv.discovery import default_discovery as default_discovery
-    from agentkv.overflow import Overflow as Overflow
-    from agentkv.overflow import overflow_from_error as overflow_from_error
-    from agentkv.overflow import parse_overflow as parse_overflow
-    from agentkv.routing import Recovery as Recovery
-    from agentkv.routing import decide_route as decide_route
-    from agentkv.routing import plan_recovery as plan_recovery
     from agentkv.tenancy import derive_cache_salt as derive_cache_salt
-    from agentkv.tokens import Payload as Payload
-    from agentkv.tokens import TokenCounter as TokenCounter
-    from agentkv.tokens import payload_from_request as payload_from_request
-    from agentkv.warm import CooldownMap as CooldownMap
-    from agentkv.warm import WarmDecision as WarmDecision
-    from agentkv.warm import decide_warm as decide_warm
     from agentkv.decorator import NoSessionError as NoSessionError
     from agentkv.decorator import acompletion as acompletion
     from agentkv.decorator import completion as completion
@@ -70,11 +53,11 @@ if TYPE_CHECKING:
 
 # Every name loads on first use (PEP 562): ``import agentkv`` costs next to nothing, and a program pays for the parts
 # it touches (``from agentkv import Backend`` does not import the Session; ``from agentkv import Session`` imports
-# neither the gateway nor torch). The pure core's names (decide_route, plan_recovery, parse_overflow, ...) stay
-# importable from here for code written before; their own modules export them (they are not in __all__).
+# neither the gateway nor torch). These are exactly the names of ``__all__`` (a test pins it); the pure core
+# (decide_route, plan_recovery, parse_overflow, decide_warm, ...) is imported from its own modules.
 _EXPORTS = {
-    "HttpError": "agentkv._http",
-    "HttpTransport": "agentkv._http",
+    "HttpError": "agentkv.http.transport",
+    "HttpTransport": "agentkv.http.transport",
     "Attempt": "agentkv._session",
     "Observation": "agentkv._session",
     "Session": "agentkv._session",
@@ -100,21 +83,7 @@ _EXPORTS = {
     "TokenCount": "agentkv.tokens",
     "function_schema": "agentkv.toolschema",
     "WarmAheadPolicy": "agentkv.warm",
-    "WindowInfo": "agentkv.backends",
-    "default_discovery": "agentkv.discovery",
-    "Overflow": "agentkv.overflow",
-    "overflow_from_error": "agentkv.overflow",
-    "parse_overflow": "agentkv.overflow",
-    "Recovery": "agentkv.routing",
-    "decide_route": "agentkv.routing",
-    "plan_recovery": "agentkv.routing",
     "derive_cache_salt": "agentkv.tenancy",
-    "Payload": "agentkv.tokens",
-    "TokenCounter": "agentkv.tokens",
-    "payload_from_request": "agentkv.tokens",
-    "CooldownMap": "agentkv.warm",
-    "WarmDecision": "agentkv.warm",
-    "decide_warm": "agentkv.warm",
     "NoSessionError": "agentkv.decorator",
     "acompletion": "agentkv.decorator",
     "completion": "agentkv.decorator",
@@ -125,7 +94,7 @@ _EXPORTS = {
 
 __version__ = "0.1.0"
 
-# The user API.
+# The user API: exactly the names of _EXPORTS (``agentkv.__version__`` is an attribute, not an export).
 __all__ = [
     "AgentKVError",
     "Attempt",
@@ -154,11 +123,11 @@ __all__ = [
     "TurnEnd",
     "WarmAheadPolicy",
     "WindowDiscovery",
-    "__version__",
     "acompletion",
     "completion",
     "configure",
     "current_session",
+    "derive_cache_salt",
     "function_schema",
     "session",
 ]

@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
-from agentkv._defaults import shared
-from agentkv._http import redact_url, unsendable_header
+from agentkv._support.defaults import shared
+from agentkv.http.transport import redact_url, unsendable_header
 from agentkv.errors import ConfigurationError
-from agentkv.providers import PROVIDERS, Provider, check_retention, provider_of
+from agentkv.providers.kinds import PROVIDERS, Provider, check_options, provider_of
 
 __all__ = ["Backend", "ServerInfo", "WindowInfo", "catalog_window", "parse_models_response", "positive_window",
            "redact_secrets"]
@@ -113,10 +113,7 @@ class Backend:
             raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {redact_url(str(self.api_base))!r}")
         if self.provider is not None and self.provider not in PROVIDERS:
             raise ConfigurationError(f"Backend.provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
-        check_retention(self.provider_kind, self.cache_retention)
-        if not isinstance(self.explicit_cache, bool) or (self.explicit_cache and self.provider_kind != "gemini"):
-            raise ConfigurationError(f"Backend.explicit_cache is a bool for a Gemini backend, got "
-                                     f"{self.explicit_cache!r} for a {self.provider_kind} backend")
+        check_options(self.provider_kind, self.cache_retention, self.explicit_cache)
 
     def _check_kv_events(self) -> None:
         """ZMQ addresses; a pool's may be a list, one per replica (a tuple is kept)."""
@@ -300,7 +297,7 @@ def catalog_window(model: str) -> int | None:
     found: dict[str, int] = shared("catalog_windows", dict)
     if model in found:
         return found[model]
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     try:
         info = import_litellm().get_model_info(model)

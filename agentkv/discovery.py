@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 from cachetools import TTLCache
 
-from agentkv._defaults import process_default, shared
-from agentkv._http import HttpError, HttpTransport, default_http
+from agentkv._support.defaults import process_default, shared
+from agentkv.http.transport import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend, ServerInfo, WindowInfo, catalog_window, parse_models_response, positive_window
 from agentkv.events import emit
 from agentkv.state.memory import InProcessStore
@@ -95,7 +95,7 @@ class WindowDiscovery:
     """Discovers windows and served model ids, caching them per ``(api_base, model)`` with a TTL.
 
     ``timer`` drives the TTL and the failure back-off (inject a fake clock in tests); ``http`` is the
-    HTTP seam (:func:`agentkv._http.default_http` unless given). A failure is retried after
+    HTTP seam (:func:`agentkv.http.transport.default_http` unless given). A failure is retried after
     ``retry_s`` seconds, doubling per failure in a row up to ``max_retry_s``; meanwhile the last
     good answer (if any) stands. Failures are logged once per episode and never raised.
     ``state`` shares windows and corrections across replicas (None: this process only).
@@ -359,14 +359,14 @@ class WindowDiscovery:
 
     def _fetch(self, backend: Backend) -> ServerInfo | BaseException:
         try:
-            return parse_models_response(self._http.get_json(_models_url(backend), timeout_s=self._timeout_s),
+            return parse_models_response(self._http.request("GET", _models_url(backend), timeout_s=self._timeout_s),
                                          backend.served_model)
         except (HttpError, ValueError) as exc:
             return exc
 
     async def _afetch(self, backend: Backend) -> ServerInfo | BaseException:
         try:
-            answer = await self._http.aget_json(_models_url(backend), timeout_s=self._timeout_s)
+            answer = await self._http.arequest("GET", _models_url(backend), timeout_s=self._timeout_s)
             return parse_models_response(answer, backend.served_model)
         except (HttpError, ValueError) as exc:
             return exc

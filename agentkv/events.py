@@ -73,7 +73,7 @@ def prompt_fields(payload: Any) -> dict[str, Any]:
         return {}
     messages = list(payload.messages)
     fields: dict[str, Any] = {"messages": len(messages), "prompt_hash": digest([messages, payload.tools])}
-    from agentkv._env import log_prompts
+    from agentkv._support.env import log_prompts
 
     if log_prompts() and messages:
         fields["last_message"] = str(messages[-1].get("content"))[:500]

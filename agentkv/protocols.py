@@ -49,12 +49,22 @@ class CompletionClient(Protocol):
 class SessionLike(Protocol):
     """What integrations and the ReAct helper use of a :class:`agentkv.Session`."""
 
-    fast: Backend
-    slow: Backend | None
-    session_id: str
-    tenant: str | None
-    cache_salt: str | None
-    last_route: RouteDecision | None
+    @property
+    def fast(self) -> Backend: ...
+
+    @property
+    def slow(self) -> Backend | None: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def tenant(self) -> str | None: ...
+
+    @property
+    def last_route(self) -> RouteDecision | None: ...
+
+    def request_extras(self, role: str = "fast") -> dict[str, Any]: ...
 
     @property
     def ledger(self) -> list[LedgerEntry]: ...

@@ -8,7 +8,7 @@
         '''
         return "sunny"
 
-    result = session.run("Weather in Paris?", [get_weather], max_steps=8, max_tokens=512)
+    result = session.react("Weather in Paris?", [get_weather], max_steps=8, max_tokens=512)
     result.content, result.steps, result.stop_reason, result.messages
 
 Each step sends the whole conversation through :meth:`Session.completion` (so it is counted, routed,
@@ -223,7 +223,7 @@ def run_loop(session: SessionLike, user_message: Any, tools: Any = None, *, max_
     loop = _Loop(user_message, tools, max_steps, system, messages, completion_kwargs)
     asynchronous = sorted(name for name, tool in loop.tools.items() if tool.is_async)
     if asynchronous:
-        raise ConfigurationError(f"tools {asynchronous} are async: use arun_loop / Session.arun")
+        raise ConfigurationError(f"tools {asynchronous} are async: use arun_loop / Session.areact")
     for _ in range(max_steps):
         calls = loop.take(session.completion(**loop.request()), session.last_route)
         if not calls:

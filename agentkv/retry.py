@@ -19,13 +19,13 @@ import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, TypeVar
+from typing import Awaitable, Callable, Literal, TypeVar
 
 from agentkv.errors import ConfigurationError, check_positive_int
 from agentkv.events import emit
 
 __all__ = ["CLIENT_RETRIES_OFF", "Outage", "RetryPolicy", "TurnTries", "is_outage", "is_transient", "outage_cause",
-           "replica_evidence", "replica_state"]
+           "log_retry", "replica_evidence", "replica_state"]
 
 T = TypeVar("T")
 
@@ -73,6 +73,13 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 def _link_cause(link: BaseException) -> Outage | None:
+    from typing import get_args
+
+    from agentkv.http.transport import HttpError  # the seam's one error: its kind (and how, when it knows)
+
+    if isinstance(link, HttpError):  # an outage or a timeout; a status is read below, from its status_code
+        reason = link.reason or {"outage": "dropped", "timeout": "timeout"}.get(link.kind)
+        return next((o for o in get_args(Outage) if o == reason), None)
     if isinstance(link, ConnectionRefusedError):
         return "refused"
     if isinstance(link, socket.gaierror):
@@ -237,47 +244,30 @@ class RetryPolicy:
         """True when ``error`` is an outage under this policy (see :func:`is_outage`)."""
         return is_outage(error, timeouts=self.timeout_fails_over and not streamed)
 
-    def backoff_s(self, retry_state: Any) -> float:
-        """The wait before try ``n + 1``: ``min(max_s, initial_s * 2**(n - 1) + uniform(0, jitter_s))`` (tenacity's
-        exponential-with-jitter rule, computed here: its keyword for the base moved between tenacity 9.1 and 9.2)."""
-        exp = self.initial_s * 2.0 ** (int(retry_state.attempt_number) - 1)
+    def limit(self, left: int | None = None) -> int:
+        """How many tries one send gets: :attr:`attempts`, lowered to ``left`` (what a turn has left) when given, and
+        1 when transient errors are not retried."""
+        if not self.retry_transient:
+            return 1
+        return max(1, min(self.attempts, self.attempts if left is None else left))
+
+    def retry_after(self, error: BaseException, *, tries: int, limit: int, outages: bool = True) -> float | None:
+        """The wait before the same send's next try after its try number ``tries`` failed with ``error``, or None
+        when it is not retried (as tenacity's ``iter`` decides, without sleeping or calling anything): only a
+        transient error is retried (``outages=False``: not an outage, which a pool's next replica takes), and only
+        while ``tries < limit``."""
+        if tries >= limit:
+            return None
+        retried = is_transient(error) if outages else is_transient(error) and not self.fails_over(error)
+        return self.backoff_s(tries) if retried else None
+
+    def backoff_s(self, tries: int) -> float:
+        """The wait before try ``tries + 1``: ``min(max_s, initial_s * 2**(tries - 1) + uniform(0, jitter_s))``
+        (exponential with jitter)."""
+        exp = self.initial_s * 2.0 ** (int(tries) - 1)
         return max(0.0, min(exp + random.uniform(0, self.jitter_s), self.max_s))
 
-    def _kwargs(self, attempts: int | None, outages: bool = True) -> dict[str, Any]:
-        from tenacity import retry_if_exception, stop_after_attempt
 
-        tries = min(self.attempts, self.attempts if attempts is None else attempts) if self.retry_transient else 1
-        return dict(
-            stop=stop_after_attempt(max(1, tries)),
-            wait=self.backoff_s,
-            retry=retry_if_exception(is_transient if outages else self._transient_not_failing_over),
-            reraise=True,
-            before_sleep=_log_retry,
-        )
-
-    def _transient_not_failing_over(self, error: BaseException) -> bool:
-        """Retried on the same server: a transient error this policy would not fail over (a pool's next replica takes
-        those)."""
-        return is_transient(error) and not self.fails_over(error)
-
-    def call(self, fn: Callable[[], T], *, attempts: int | None = None, outages: bool = True) -> T:
-        """Call ``fn``, retrying transient errors (at most ``attempts`` tries when given, never more than
-        :attr:`attempts`); ``outages=False``: an outage is not retried (a pool's replica: the next one takes it)."""
-        from tenacity import Retrying
-
-        return Retrying(sleep=self.sleep, **self._kwargs(attempts, outages))(fn)
-
-    async def acall(self, fn: Callable[[], Awaitable[T]], *, attempts: int | None = None, outages: bool = True) -> T:
-        """Await ``fn()``, retrying transient errors (``attempts`` and ``outages`` as in :meth:`call`)."""
-        from tenacity import AsyncRetrying
-
-        async def attempt() -> T:  # tenacity awaits only coroutine functions
-            return await fn()
-
-        return await AsyncRetrying(sleep=self.asleep, **self._kwargs(attempts, outages))(attempt)
-
-
-def _log_retry(state: Any) -> None:
-    error = state.outcome.exception() if state.outcome else None
-    emit("transient_retry", level="warning", attempt=state.attempt_number,
-         error=type(error).__name__ if error else None, sleep_s=round(state.next_action.sleep, 3))
+def log_retry(error: BaseException, *, tries: int, delay_s: float) -> None:
+    """Report a transient error about to be retried after ``delay_s``."""
+    emit("transient_retry", level="warning", attempt=tries, error=type(error).__name__, sleep_s=round(delay_s, 3))

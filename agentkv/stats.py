@@ -24,7 +24,7 @@ COUNTERS = (
 )
 DOLLARS = ("cost_usd", "warm_cost_usd", "cache_saved_usd", "escalation_saved_usd")
 """Money a Session's hosted requests cost and their cache reads saved, priced from litellm's cost map
-(:mod:`agentkv.costs`): every answer's cost, the warms' share of it, and what reads saved (escalations' share)."""
+(:mod:`agentkv.providers.prices`): every answer's cost, the warms' share of it, and what reads saved (escalations' share)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from agentkv._env import import_litellm  # noqa: E402
+from agentkv._support.env import import_litellm  # noqa: E402
 from agentkv.tokens import Payload, TemplateSource, TiktokenSource  # noqa: E402
 
 TOOLS = [

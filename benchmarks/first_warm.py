@@ -22,7 +22,8 @@ CHILD = "--child"
 
 def child(path: str) -> None:
     from agentkv import Backend, Session
-    from agentkv.testing import capture_events, embedded_servers
+    from agentkv.testing import capture_events
+    from agentkv.testing.servers import embedded_servers
 
     with embedded_servers("tiny", "tiny") as (fast, slow):
         key = "benchmark-key" if path == "litellm" else None

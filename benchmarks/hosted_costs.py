@@ -1,6 +1,6 @@
 """What warm-ahead costs per escalation when the slow model is hosted, per provider, at 8K, 32K and 100K tokens, with
 and without the cost gate: measured through litellm's real provider code against the provider fakes
-(:mod:`agentkv.provider_fakes`), priced from litellm's cost map.
+(:mod:`agentkv.testing.providers`), priced from litellm's cost map.
 
 Per provider and size N, a population of chat conversations runs through a Session whose fast model (the same
 provider's small one, on the same fake, window N) escalates to its big one: ``--escalating`` of them grow past N
@@ -32,9 +32,9 @@ from typing import Any, Callable
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from agentkv import Backend, Session, WarmAheadPolicy  # noqa: E402
-from agentkv.provider_fakes.anthropic import FakeAnthropic  # noqa: E402
-from agentkv.provider_fakes.gemini import FakeGemini  # noqa: E402
-from agentkv.provider_fakes.openai import CONTEXT_WINDOWS, FakeOpenAI  # noqa: E402
+from agentkv.testing.providers.anthropic import FakeAnthropic  # noqa: E402
+from agentkv.testing.providers.gemini import FakeGemini  # noqa: E402
+from agentkv.testing.providers.openai import CONTEXT_WINDOWS, FakeOpenAI  # noqa: E402
 from agentkv.testing import capture_events  # noqa: E402
 
 

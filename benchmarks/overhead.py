@@ -39,8 +39,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import structlog  # noqa: E402
 
 from agentkv import Backend, Session  # noqa: E402
-from agentkv._env import import_litellm  # noqa: E402
-from agentkv._http import default_http  # noqa: E402
+from agentkv._support.env import import_litellm  # noqa: E402
+from agentkv.http.transport import Transitional, default_http  # noqa: E402
 from agentkv.demo.script import TOOLS, ScriptedAgent  # noqa: E402
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE  # noqa: E402
 
@@ -64,25 +64,30 @@ def served(window: int) -> Iterator[str]:
         child.wait(10)
 
 
-class CountingHttp:
+class CountingHttp(Transitional):
     """The default HTTP seam, counting the ``/tokenize`` calls that go through it."""
 
     def __init__(self) -> None:
         self.http, self.tokenize = default_http(), 0
 
-    def get_json(self, url: str, *, timeout_s: float) -> Any:
-        return self.http.get_json(url, timeout_s=timeout_s)
-
-    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Any = None) -> Any:
+    def request(self, method: str, url: str, *, json: Any = None, headers: Any = None, timeout_s: float,
+                text: bool = False) -> Any:
         self.tokenize += url.endswith("/tokenize")
-        return self.http.post_json(url, body, timeout_s=timeout_s, headers=headers)
+        return self.http.request(method, url, json=json, headers=headers, timeout_s=timeout_s, text=text)
 
-    async def aget_json(self, url: str, *, timeout_s: float) -> Any:
-        return await self.http.aget_json(url, timeout_s=timeout_s)
-
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float, headers: Any = None) -> Any:
+    async def arequest(self, method: str, url: str, *, json: Any = None, headers: Any = None, timeout_s: float,
+                       text: bool = False) -> Any:
         self.tokenize += url.endswith("/tokenize")
-        return await self.http.apost_json(url, body, timeout_s=timeout_s, headers=headers)
+        return await self.http.arequest(method, url, json=json, headers=headers, timeout_s=timeout_s, text=text)
+
+    async def post(self, url: str, content: bytes, headers: Any = None) -> Any:
+        return await self.http.post(url, content, headers)
+
+    def start(self, url: str, content: bytes, headers: Any = None) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
 
 
 def conversations(count: int, turns: int, rows: int) -> list[list[list[dict[str, Any]]]]:

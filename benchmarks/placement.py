@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from agentkv.fleet import ranked
 from agentkv.state import InProcessStore
-from agentkv.testing import redis_server
+from agentkv.testing.servers import redis_server
 
 REPLICAS = ("http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1", "http://10.0.0.3:8000/v1")
 POOL = "slow|bench"

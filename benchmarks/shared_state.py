@@ -23,7 +23,8 @@ import structlog
 
 from agentkv import Backend, Session, WarmAheadPolicy, WindowDiscovery
 from agentkv.state import InProcessStore, RedisStore, StateStore
-from agentkv.testing import FakeHttp, models_answer, redis_server
+from agentkv.testing import FakeHttp, models_answer
+from agentkv.testing.servers import redis_server
 
 FAST, SLOW = "http://127.0.0.1:9401/v1", "http://127.0.0.1:9402/v1"
 FILLER = "check the disk latency graphs and the queue depth "

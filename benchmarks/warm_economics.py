@@ -12,7 +12,7 @@ are measured under the same machine load. The modes:
 - cold: warm-ahead off (the baseline every escalation's time to first token is compared with);
 - cooldown-only: the seed's warm-ahead (one warm per session per 5 minutes past 60% of the window);
 - event-aware: the same with a CacheLedger following the slow server (issue 15 item 3), when this build's
-  Session accepts ``ledger=``;
+  Session accepts ``cache_ledger=``;
 - break-even gate: cooldown-only plus ``WarmAheadPolicy(break_even=True)``, its cache lifetime set to the
   median residency of evicted blocks in a cooldown-only calibration pass (or ``--lifetime-s``);
 - event-aware+gate (with a ledger), and ``--gate-lifetimes`` rows: the gate under other lifetime settings.
@@ -149,7 +149,7 @@ SERVER_TTFT = ServerTTFT()
 
 def event_aware_available() -> bool:
     """Whether this build's Session takes a CacheLedger (issue 15's event-aware warm-ahead)."""
-    return "ledger" in inspect.signature(Session).parameters
+    return "cache_ledger" in inspect.signature(Session).parameters
 
 
 def event_policy(args: argparse.Namespace) -> WarmAheadPolicy:
@@ -194,7 +194,7 @@ def ttft(session: Session, messages: list[dict[str, Any]], tools: list[dict[str,
 def warm_up(*servers: LocalServer) -> None:
     """One unrelated streamed request per server, so first-call costs (litellm's import, kernels) stay out of the
     first mode's figures; then the caches are emptied."""
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     litellm = import_litellm()
     litellm.suppress_debug_info = True
@@ -241,7 +241,7 @@ class Mode:
             from agentkv.cache_ledger import CacheLedger
 
             self._cache_ledger = CacheLedger([self.slow_b]).start()
-            self._extra["ledger"] = self._cache_ledger
+            self._extra["cache_ledger"] = self._cache_ledger
         self._probe = LifetimeProbe(self.slow.engine.prefix_cache, self.clock)
         self.result.sessions = [SessionResult() for _ in plans]
         return self
@@ -414,7 +414,7 @@ def main() -> None:
           f"(n={len(calibration.lifetimes_s)}); capacity / mean new-prefill rate {by_rate:.0f} s; "
           f"the gate's cache_lifetime_s = {lifetime:.0f} s" + (" (--lifetime-s)" if args.lifetime_s else ""))
     if not aware:
-        print("event-aware: not available on this build (Session has no ledger= parameter)")
+        print("event-aware: not available on this build (Session has no cache_ledger= parameter)")
     gate = WarmAheadPolicy(break_even=True, cache_lifetime_s=lifetime)
     specs: list[tuple[str, WarmAheadPolicy, bool]] = [
         ("cold", WarmAheadPolicy(enabled=False), False), ("cooldown-only", WarmAheadPolicy(), False),

@@ -20,7 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agentkv import Backend  # noqa: E402 (after the environment is set)
-from agentkv.testing import ScriptedReplies, embedded_servers  # noqa: E402 (after the environment is set)
+from agentkv.testing import ScriptedReplies  # noqa: E402 (after the environment is set)
+from agentkv.testing.servers import embedded_servers  # noqa: E402
 
 
 def parse_args(description: str) -> argparse.Namespace:

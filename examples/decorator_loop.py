@@ -69,7 +69,7 @@ async def triage(alert: str) -> tuple[str, str | None, str | None]:
     """One async model call; each concurrent triage() sees its own Session."""
     await acompletion(messages=[{"role": "user", "content": alert}], max_tokens=2)
     s = current_session()
-    return s.session_id, s.tenant, s.cache_salt
+    return s.session_id, s.tenant, s.request_extras("fast").get("extra_body", {}).get("cache_salt")
 
 
 def main() -> int:

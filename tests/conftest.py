@@ -25,7 +25,7 @@ def fresh_estimate_bounds(monkeypatch):
 def fresh_count_breakers():
     """No /tokenize breaker open when a test starts (agentkv.tokens.breaker keeps one per URL per process): a
     test that really fails to reach 127.0.0.1:9 never leaves the next test's fake source refused."""
-    from agentkv import _defaults
+    from agentkv._support import defaults as _defaults
 
     with _defaults._LOCK:
         for key in [k for k in _defaults._INSTANCES if isinstance(k, tuple) and k[:1] == ("count_source_breaker",)]:
@@ -67,7 +67,7 @@ def chat_requests(server):
 @pytest.fixture(scope="session")
 def redis_url():
     """A real redis-server on a free loopback port for the whole run; in CI (CI=true) failing to start it fails."""
-    from agentkv.testing import redis_server
+    from agentkv.testing.servers import redis_server
 
     try:
         server = redis_server()

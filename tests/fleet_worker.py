@@ -97,8 +97,8 @@ class Replica:
             # after the correction to 1,200, a warm needs ~720 to ~940 tokens: the hang's request is smaller
             self.turn("probe", f"{op}-{command['worker']}", 0, 80 if op == "hang" else 130)
             s = self.sessions["probe", f"{op}-{command['worker']}"]
-            return {"role": s.last_route.role, "window": s.discovery.window(s.fast, model_known=False).window,
-                    "source": s.discovery.window(s.fast, model_known=False).source}
+            return {"role": s.last_route.role, "window": s._parts.discovery.window(s.fast, model_known=False).window,
+                    "source": s._parts.discovery.window(s.fast, model_known=False).source}
         raise ValueError(op)
 
 

@@ -93,7 +93,7 @@ def test_the_transport_warm_is_the_callers_body(fresh):
         with httpx.Client(transport=AgentKVTransport(s)) as client:
             client.post(fresh["fast"].api_base + "/chat/completions", json=body).raise_for_status()
         assert s.drain_warms(30)
-    expected = {**body, "model": fresh["slow"].model_id, "max_tokens": 1, "cache_salt": s.cache_salt}
+    expected = {**body, "model": fresh["slow"].model_id, "max_tokens": 1, "cache_salt": s._parts.cache_salt}
     assert the_warm(fresh["slow"]) == expected
 
 

@@ -221,7 +221,7 @@ def test_a_sessions_warms_are_recorded_so_the_cross_check_agrees(pair):
     with CacheLedger([backends[1]]) as ledger:
         s = Session(*backends, tenant="hit-rate", warm_ahead=WarmAheadPolicy(cooldown_s=0.001),
                     cache_salt_secret="hit-rate-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
-                    in_flight=InFlightLimit(4), ledger=ledger)
+                    in_flight=InFlightLimit(4), cache_ledger=ledger)
         assert ledger.cross_check(backends[1]) is None
         roles = []
         while "slow" not in roles[-1:] and len(roles) < 12:

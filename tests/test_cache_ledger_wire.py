@@ -22,7 +22,7 @@ zmq = pytest.importorskip("zmq")
 msgspec = pytest.importorskip("msgspec")
 
 from agentkv import Backend  # noqa: E402
-from agentkv._http import HttpError  # noqa: E402
+from agentkv.http.transport import HttpError  # noqa: E402
 from agentkv.errors import ConfigurationError  # noqa: E402
 from agentkv.cache_ledger import BlockTree, CacheLedger, Subscription  # noqa: E402
 from agentkv.cache_ledger.sources import from_backend, from_sources, vllm_binds  # noqa: E402

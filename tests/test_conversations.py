@@ -175,7 +175,7 @@ def test_a_self_hosted_backend_without_a_salt_secret_is_refused(monkeypatch):
     fast = Backend("hosted_vllm/f", api_base="http://127.0.0.1:9/v1", name="fast")
     with pytest.raises(ConfigurationError, match="secret"):
         Conversations(fast, tenant_of=tenant_of)
-    assert Conversations(fast, tenant="acme", cache_salt=False).session_for("c").cache_salt is None
+    assert Conversations(fast, tenant="acme", cache_salt=False).session_for("c")._parts.cache_salt is None
 
 
 def test_a_bad_tenant_from_tenant_of_is_refused_before_anything_is_sent():
@@ -206,7 +206,7 @@ def test_a_conversation_is_its_explicit_id_else_its_user_else_its_opening_under_
     assert convs.session_for("chat-1", {**opening, "tenant": "globex"}, "acme") is named
     other = convs.session_for("chat-1", opening, "globex")
     assert other is not named and (other.tenant, named.tenant) == ("globex", "acme")
-    assert other.cache_salt == derive_cache_salt(SECRET, "globex") != named.cache_salt
+    assert other._parts.cache_salt == derive_cache_salt(SECRET, "globex") != named._parts.cache_salt
     assert named.session_id == session_id("h:chat-1") and "chat-1" not in named.session_id
     assert sorted(convs.stats()["sessions"]) == ["acme/f:" + fingerprint(opening), "acme/h:chat-1", "acme/u:u-1",
                                                  "globex/h:chat-1"]

@@ -330,7 +330,7 @@ def test_one_conversations_serves_a_transport_a_middleware_and_a_provider_at_onc
     """One Conversations, three tenants, three integrations, interleaved: each conversation escalates onto its own
     warm and reads no other tenant's cache; every request carries its tenant's salt whatever it names; the map and
     the Sessions alive stay within max_sessions past it; an explicit id keeps its Session through a rebuilt history."""
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     fresh, litellm = roomy, import_litellm()
     started = time.perf_counter()

@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from agentkv import Backend, Session, WindowDiscovery
-from agentkv._http import HttpError
+from agentkv.http.transport import HttpError
 from agentkv.testing import FakeClock, FakeHttp, capture_events, models_answer
 from agentkv.tokens import Payload, TiktokenSource, TokenCount, TokenCounter, payload_from_request
 from agentkv.tokens.bound import EstimateBound

@@ -3,7 +3,7 @@
 import pytest
 
 from agentkv import Backend, Session
-from agentkv._http import HttpError
+from agentkv.http.transport import HttpError
 from agentkv.testing import FakeClock, FakeHttp
 from agentkv.tokens import TokenCounter
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
@@ -24,7 +24,7 @@ def hung_session(port, http, clock, asynchronous=False):
     """A Session whose fast counter asks a /tokenize that never answers within its timeout."""
     fast = backend(port)
     s = Session(fast, http=http, count_exactly=True)
-    s.counters["fast"] = TokenCounter.for_backend(fast, http=http, estimate_first=False, tokenize_timeout_s=0.05,
+    s._parts.counters["fast"] = TokenCounter.for_backend(fast, http=http, estimate_first=False, tokenize_timeout_s=0.05,
                                                   breaker=CircuitBreaker(backoff_s=30, clock=clock))
     return s
 

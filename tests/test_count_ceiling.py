@@ -91,5 +91,5 @@ def test_presend_vouches_only_for_short_requests_far_from_every_boundary():
         assert session.presend({**body, "cache_salt": "mine"}) is None
         assert session.presend({"messages": [{"content": "no role"}]}) is None
         assert len(session.ledger) == ledger == 1
-        session.discovery._recent.clear()
+        session._parts.discovery._recent.clear()
         assert session.presend(body) is None                                         # windows not fresh

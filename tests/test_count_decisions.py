@@ -198,11 +198,11 @@ def test_a_first_exact_count_outside_the_interval_widens_it_for_later_turns(doub
     short, near, small = _prose(190, "a"), _prose(310, "b"), _prose(20, "c")  # estimates ~2.1K, ~3.5K, ~0.3K
     with session() as first, capture_events() as events:
         assert first.route(messages=short).role == "slow"  # counted exactly: ~4.2K, over 4096 - 256
-        assert first.counters["fast"].exact_asked == 1
+        assert first._parts.counters["fast"].exact_asked == 1
     assert [e for e in events if e["event"] == "count_bound_exceeded"][0]["widened_by"] > 1.5
     with session() as after, session(count_exactly=True) as exact:
         decision = after.route(messages=near)
         assert decision == exact.route(messages=near) and decision.role == "slow"
         routed, counted = after.route(messages=small), exact.route(messages=small)
         assert (routed.backend, routed.reason) == (counted.backend, counted.reason) == ("fast", "fits")
-        assert routed.count_source == "tiktoken" and after.counters["fast"].exact_asked == 1
+        assert routed.count_source == "tiktoken" and after._parts.counters["fast"].exact_asked == 1

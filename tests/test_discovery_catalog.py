@@ -36,7 +36,7 @@ def test_a_self_hosted_backend_that_is_down_does_not_import_litellm_for_its_wind
 def test_a_self_hosted_model_registered_with_litellm_is_read_from_its_catalog_when_the_server_is_down():
     out = run(f"""
         import sys
-        from agentkv._env import import_litellm
+        from agentkv._support.env import import_litellm
         from agentkv import Backend, WindowDiscovery
         litellm = import_litellm()
         litellm.register_model({{"hosted_vllm/my-model": {{"max_input_tokens": 12345, "max_tokens": 100,

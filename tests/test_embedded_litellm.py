@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from agentkv._env import import_litellm  # noqa: E402
+from agentkv._support.env import import_litellm  # noqa: E402
 from agentkv.embedded.server import LocalServer  # noqa: E402
 
 litellm = import_litellm()

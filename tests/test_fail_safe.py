@@ -10,7 +10,7 @@ from raw_server import RawServer, closed_port
 from agentkv import (
     Backend, ConfigurationError, ContextOverflowError, RetryPolicy, Session, WarmAheadPolicy, WindowDiscovery,
 )
-from agentkv._http import HttpError
+from agentkv.http.transport import HttpError
 from agentkv.retry import is_outage, outage_cause
 from agentkv.testing import FakeClock, FakeHttp, capture_events, models_answer
 from agentkv.warm import CooldownMap, InFlightLimit
@@ -160,10 +160,10 @@ def test_a_tenant_without_a_salt_secret_is_refused(monkeypatch):
     monkeypatch.delenv("AGENTKV_CACHE_SALT_SECRET", raising=False)
     with pytest.raises(ConfigurationError, match="AGENTKV_CACHE_SALT_SECRET"):
         Session(*backends(), tenant="acme")
-    assert Session(*backends(), tenant="acme", cache_salt=False).cache_salt is None  # the explicit opt-out
-    assert Session(*backends()).cache_salt is None  # no tenant: nothing to isolate
+    assert Session(*backends(), tenant="acme", cache_salt=False)._parts.cache_salt is None  # the explicit opt-out
+    assert Session(*backends())._parts.cache_salt is None  # no tenant: nothing to isolate
     monkeypatch.setenv("AGENTKV_CACHE_SALT_SECRET", "s3cret")
-    assert Session(*backends(), tenant="acme").cache_salt
+    assert Session(*backends(), tenant="acme")._parts.cache_salt
 
 
 @pytest.mark.parametrize("keyed", [False, True], ids=["raw-warm", "litellm-warm"])
@@ -288,7 +288,7 @@ def test_a_give_up_names_every_backend_considered():
 
 def test_async_tokenize_reuses_one_pooled_client():
     """Finding 12: async /tokenize calls share one pooled httpx.AsyncClient per event loop."""
-    from agentkv._http import HttpxTransport
+    from agentkv.http.transport import HttpxTransport
 
     transport = HttpxTransport()
 
@@ -296,7 +296,7 @@ def test_async_tokenize_reuses_one_pooled_client():
         clients = []
         for _ in range(2):
             try:
-                await transport.apost_json("http://127.0.0.1:9/tokenize", {}, timeout_s=0.2)
+                await transport.arequest("POST", "http://127.0.0.1:9/tokenize", json={}, timeout_s=0.2)
             except HttpError:
                 pass
             clients.append(transport._async_client())

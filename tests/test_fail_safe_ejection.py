@@ -113,7 +113,7 @@ def test_one_poisoned_request_ejects_no_replica_and_moves_no_other_tenants_conve
         with capture_events() as events, pytest.raises(PoolExhaustedError, match="pool 'pool' exhausted"):
             a.completion(messages=[{"role": "user", "content": f"look up {MARKER} please"}], max_tokens=2)
         assert sum(p.poisoned for p in poisoned) == 3  # each replica was tried once for the turn
-        assert a.ejections.down(pool.replicas) == frozenset()
+        assert a._parts.ejections.down(pool.replicas) == frozenset()
 
         async def again():  # the async path alike, from another of tenant A's conversations
             async with Session(pool, tenant="tenant-a", state=store, discovery=discovery, retry=retry) as a2:
@@ -121,7 +121,7 @@ def test_one_poisoned_request_ejects_no_replica_and_moves_no_other_tenants_conve
                     await a2.acompletion(messages=[{"role": "user", "content": f"{MARKER} again"}], max_tokens=2)
         with capture_events() as more:
             asyncio.run(again())
-        assert sum(p.poisoned for p in poisoned) == 6 and a.ejections.down(pool.replicas) == frozenset()
+        assert sum(p.poisoned for p in poisoned) == 6 and a._parts.ejections.down(pool.replicas) == frozenset()
     assert not [e for e in events + more if e["event"] == "replica_ejected"]
     away = []
     for i in range(30):
@@ -129,7 +129,7 @@ def test_one_poisoned_request_ejects_no_replica_and_moves_no_other_tenants_conve
                      retry=retry) as b:
             b.completion(messages=[{"role": "user", "content": f"conversation {i}: hello"}], max_tokens=2)
             served = next(iter(b.stats()["replica_requests"]))
-            if served != b.last_facts.homes["pool"]:
+            if served != b._parts.last_facts.homes["pool"]:
                 away.append(i)
     assert away == []
 
@@ -143,7 +143,7 @@ def test_a_refused_connection_ejects_the_replica_at_once():
         attempt = s.prepare({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         moved = s.recover(attempt, httpx.ConnectError("[Errno 111] Connection refused"))
         assert moved.backend.api_base != attempt.backend.api_base
-        assert s.ejections.down(pool.replicas) == {attempt.backend.api_base}
+        assert s._parts.ejections.down(pool.replicas) == {attempt.backend.api_base}
     assert [e["replica"] for e in events if e["event"] == "replica_ejected"] == [attempt.backend.api_base]
 
 
@@ -295,7 +295,7 @@ def test_an_exhausted_pool_says_so_and_names_each_replicas_state():
 
     with Session(pool, http=http, discovery=WindowDiscovery(http=http), count_with_server=False, state=store,
                  client=Client(), retry=RetryPolicy(attempts=2, sleep=slept.append, replica_cooloff_s=30.0)) as s:
-        s.ejections.mark(urls[2], 30.0)  # one is already cooling off: the turn's two tries go to the others
+        s._parts.ejections.mark(urls[2], 30.0)  # one is already cooling off: the turn's two tries go to the others
         with pytest.raises(PoolExhaustedError) as caught:
             s.completion(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     message = str(caught.value)
@@ -409,7 +409,7 @@ def test_a_warmed_replica_found_dead_is_rewarmed_on_the_next_one_before_the_esca
         assert [e for e in events[-2] if e["event"] == "replica_ejected"]
         assert moved[0]["estimate"] == last_fast_row.input_tokens
         sent = [r.body for r in replicas[0].requests + replicas[1].requests if r.path == "/v1/chat/completions"
-                and r.body.get("cache_salt") == s.cache_salt]
+                and r.body.get("cache_salt") == s._parts.cache_salt]
         assert [b["max_tokens"] for b in sent] == [1, 2]  # the re-warm reached the next replica, then the escalation
         assert s.stats()["warm_failed"] == 0
         s.close()

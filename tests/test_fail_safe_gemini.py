@@ -12,7 +12,7 @@ import pytest
 from agentkv import Backend, Session
 from agentkv.state import InProcessStore
 from agentkv.warm import CooldownMap
-from agentkv.provider_fakes.gemini import FakeGemini
+from agentkv.testing.providers.gemini import FakeGemini
 from agentkv.testing import capture_events
 
 KEY = "g-test"
@@ -275,7 +275,7 @@ class _StreamingClient:
 def test_a_streamed_turn_whose_cache_is_gone_is_sent_again_whole():
     """litellm sends a streamed request when the stream is first read: a first read saying the cache is gone sends
     the request again whole and reads that stream instead, sync and async, and the cache is forgotten."""
-    from agentkv._session.explicit_caches import CacheRegistry, ExplicitCaches
+    from agentkv.providers.gemini import CacheRegistry, ExplicitCaches
     from agentkv.stats import SessionStats
     from agentkv.testing import FakeHttp
     from agentkv.wire.hosted import gemini_marked
@@ -322,7 +322,7 @@ def test_the_wire_of_a_request_naming_its_cache():
 def test_a_cache_about_to_expire_is_not_named_again_and_the_last_holder_frees_it():
     """The registry names a cache only while it has more than the margin left before its expireTime, and frees it
     for deletion only when its last holder releases it."""
-    from agentkv._session.explicit_caches import EXPIRY_MARGIN_S, CacheRegistry, OwnedCache
+    from agentkv.providers.gemini import EXPIRY_MARGIN_S, CacheRegistry, OwnedCache
 
     now = [1_000_000.0]
     caches = CacheRegistry(clock=lambda: now[0])

@@ -9,7 +9,8 @@ import uuid
 
 from agentkv.fleet import choose, pool_id, ranked
 from agentkv.state import InProcessStore, StateUnavailable
-from agentkv.testing import FakeClock, _free_port, redis_server
+from agentkv.testing import FakeClock
+from agentkv.testing.servers import free_port, redis_server
 
 REPLICAS = ("http://a/v1", "http://b/v1", "http://c/v1")
 # commands that read a whole structure: none of them may run inside a placement
@@ -213,7 +214,7 @@ def test_idle_conversations_leave_the_counts_in_redis(redis_url):
 def test_homes_survive_a_redis_stop_and_restart():
     """30 conversations keep their homes while Redis is down (this process's copy) and after it restarts empty (the
     copy re-seeds it): at least 29 of 30 each time, and another process then reads the same homes."""
-    port, clock = _free_port(), FakeClock()
+    port, clock = free_port(), FakeClock()
     keys = [uuid.uuid4().hex for _ in range(30)]
     with redis_server(port) as url:
         store = redis_store(url, retry_s=1.0, clock=clock)
@@ -243,7 +244,7 @@ def test_homes_survive_a_redis_stop_and_restart():
 
 async def test_the_async_twin_keeps_a_home_while_redis_is_down():
     """The asyncio path answers from the same local copy while Redis is away, and never raises."""
-    port, clock = _free_port(), FakeClock()
+    port, clock = free_port(), FakeClock()
     keys = [uuid.uuid4().hex for _ in range(30)]
     with redis_server(port) as url:
         store = redis_store(url, retry_s=1.0, clock=clock)

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.sampling import Sampler  # noqa: E402
 
 import agentkv.telemetry  # noqa: E402
 from agentkv import Backend, ConfigurationError, Session, WindowDiscovery  # noqa: E402
-from agentkv._http import redact_url  # noqa: E402
+from agentkv.http.transport import redact_url  # noqa: E402
 from agentkv.demo.script import TOOLS, ScriptedAgent  # noqa: E402
 from agentkv.fleet import ranked, routing_key  # noqa: E402
 from agentkv.state import InProcessStore  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from raw_server import COMPLETION, FIRST_EVENT, SSE_HEAD, RawServer, json_answer
 
 from agentkv import Backend, RetryPolicy, Session, WarmAheadPolicy, WindowDiscovery
-from agentkv.provider_fakes.anthropic import FakeAnthropic
+from agentkv.testing.providers.anthropic import FakeAnthropic
 from agentkv.testing import FakeHttp, capture_events, models_answer
 from agentkv.tokens import TokenCount
 from agentkv.tokens.bound import EstimateBound
@@ -263,11 +263,11 @@ def test_three_answers_from_two_sessions_do_widen():
             capture_events() as events:
         a.completion(messages=prose(200), max_tokens=8)
         a.completion(messages=prose(240), max_tokens=8)
-        bound = a.counters["fast"].bound
+        bound = a._parts.counters["fast"].bound
         assert bound.high_factor == 1.0 and not [e for e in events if e["event"] == "count_bound_exceeded"
                                                  and e["widened"]]
         b.completion(messages=prose(200), max_tokens=8)
-        assert bound.high_factor > 2.2 and b.counters["fast"].bound is bound
+        assert bound.high_factor > 2.2 and b._parts.counters["fast"].bound is bound
         near = prose(800)  # estimate ~0.9K: fast unwidened; 2.2x is ~2K, over 2048 - 256
         b.completion(messages=near, max_tokens=8)
     assert b.last_route.role == "slow"

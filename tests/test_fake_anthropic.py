@@ -1,9 +1,9 @@
-"""The Anthropic fake (agentkv.provider_fakes.anthropic) driven by litellm's real Anthropic provider code over HTTP."""
+"""The Anthropic fake (agentkv.testing.providers.anthropic) driven by litellm's real Anthropic provider code over HTTP."""
 
 import httpx
 import pytest
 
-from agentkv.provider_fakes.anthropic import LOOKBACK_BLOCKS, FakeAnthropic
+from agentkv.testing.providers.anthropic import LOOKBACK_BLOCKS, FakeAnthropic
 from agentkv.testing import FakeClock
 
 MODEL = "anthropic/claude-sonnet-4-5"

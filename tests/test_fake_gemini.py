@@ -1,4 +1,4 @@
-"""The Gemini fake (agentkv.provider_fakes.gemini) driven through litellm's real Gemini provider code over HTTP."""
+"""The Gemini fake (agentkv.testing.providers.gemini) driven through litellm's real Gemini provider code over HTTP."""
 
 import asyncio
 import importlib.util
@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from agentkv.provider_fakes._server import fake_tokens
-from agentkv.provider_fakes.gemini import CACHE_MIN_TOKENS, FakeGemini
+from agentkv.testing.providers.server import fake_tokens
+from agentkv.testing.providers.gemini import CACHE_MIN_TOKENS, FakeGemini
 
 MODEL = "gemini-2.5-pro"
 LONG = "The agent keeps its whole working context in this system prompt so that every turn reuses it. " * 200

@@ -1,4 +1,4 @@
-"""The OpenAI fake (agentkv.provider_fakes.openai) driven through litellm's real OpenAI provider code over HTTP."""
+"""The OpenAI fake (agentkv.testing.providers.openai) driven through litellm's real OpenAI provider code over HTTP."""
 
 import json
 import urllib.error
@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from agentkv.provider_fakes.openai import FakeOpenAI
+from agentkv.testing.providers.openai import FakeOpenAI
 
 NEW = "gpt-5.6"  # breakpoint caching, cache writes billed at 1.25x (litellm's cost map has both prices)
 OLD = "gpt-5.1"  # 128-token-block caching, writes free

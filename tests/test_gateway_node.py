@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from agentkv._env import cache_dir
+from agentkv._support.env import cache_dir
 from agentkv.gateway import GatewayConfig, GatewayThread
 from conftest import chat_requests
 from gateway_helpers import ACME, config_fields

@@ -37,7 +37,7 @@ def test_a_prompt_only_warm_is_a_one_token_text_completion_to_slow(fresh):
         assert s.drain_warms(30)
     warms = [r.body for r in fresh["slow"].requests if r.path == "/v1/completions"]
     assert attempt.warm == "fire" and s.stats()["warm_completed"] == 1
-    assert warms == [{"model": fresh["slow"].model_id, "prompt": text, "max_tokens": 1, "cache_salt": s.cache_salt}]
+    assert warms == [{"model": fresh["slow"].model_id, "prompt": text, "max_tokens": 1, "cache_salt": s._parts.cache_salt}]
 
 
 def test_completion_still_refuses_a_prompt_alone(fresh):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
 from agentkv.errors import AnswerTooLarge
+from agentkv.http.transport import HttpError
 
 from agentkv.gateway.upstream import HIGH_WATER, Upstream
 from agentkv.retry import outage_cause
@@ -132,20 +132,22 @@ async def test_a_stale_connection_closed_under_a_request_is_retried_on_a_new_one
 
 
 async def test_a_refused_connection_is_an_outage_the_session_fails_over_on():
-    """Nothing listens: httpx.ConnectError, whose cause says "refused"."""
+    """Nothing listens: an HttpError of kind "outage" (never an httpx error), whose cause says "refused"."""
     async with Scripted(lambda n, r: json_answer()) as server:
         url = server.url
-    with pytest.raises(httpx.ConnectError) as raised:
+    with pytest.raises(HttpError) as raised:
         await Upstream().post(url, b"{}")
-    assert outage_cause(raised.value) == "refused"
+    assert raised.value.kind == "outage" and outage_cause(raised.value) == "refused"
 
 
 async def test_a_server_that_sends_nothing_times_out_and_is_closed():
-    """No answer within the read timeout: httpx.ReadTimeout, and the server sees its connection closed."""
+    """No answer within the read timeout: an HttpError of kind "timeout", and the server sees its connection
+    closed."""
     async with Scripted(lambda n, r: ["hang"]) as server:
         upstream = Upstream(read_timeout_s=0.2)
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(HttpError) as raised:
             await upstream.post(server.url, b"{}")
+        assert raised.value.kind == "timeout" and outage_cause(raised.value) == "timeout"
         for _ in range(50):
             if server.closed:
                 break
@@ -155,15 +157,18 @@ async def test_a_server_that_sends_nothing_times_out_and_is_closed():
 
 
 async def test_a_stream_that_stops_mid_answer_raises_and_a_bad_answer_does_not_parse():
-    """A close inside a chunked body is a protocol error (never a complete answer); garbage does not parse."""
+    """A close inside a chunked body is a dropped connection (never a complete answer); garbage does not parse:
+    each an HttpError of kind "outage" that outage_cause reads as "dropped"."""
     cut = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n", None]
     async with Scripted(lambda n, r: cut) as server:
         response = await Upstream().post(server.url, b"{}")
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(HttpError) as raised:
             await response.aread()
+        assert raised.value.kind == "outage" and outage_cause(raised.value) == "dropped"
     async with Scripted(lambda n, r: [b"NOT HTTP AT ALL\r\n\r\n", "hang"]) as server:
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(HttpError) as raised:
             await Upstream().post(server.url, b"{}")
+        assert raised.value.kind == "outage" and outage_cause(raised.value) == "dropped"
 
 
 async def test_an_answer_over_the_cap_is_refused_and_a_stream_is_not_buffered_whole():

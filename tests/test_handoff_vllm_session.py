@@ -80,13 +80,13 @@ def test_a_cold_escalation_exports_on_fast_and_imports_on_slow_under_the_handoff
     (url, body), = exports
     assert url == "http://127.0.0.1:9/v1/chat/completions"
     assert body["kv_transfer_params"] == {"agentkv": {"export": True}} and body["max_tokens"] == 1
-    assert body["messages"] == [{"role": "user", "content": "word " * 100}] and body["cache_salt"] == s.cache_salt
-    export_call = next(c for c in s.http.calls if c.url.endswith("/chat/completions"))
+    assert body["messages"] == [{"role": "user", "content": "word " * 100}] and body["cache_salt"] == s._parts.cache_salt
+    export_call = next(c for c in s._parts.http.calls if c.url.endswith("/chat/completions"))
     assert export_call.headers == {"X-Session-ID": s.routing_key}  # a router sends the export where fast served
     assert client.calls[-1]["extra_headers"] == {"X-Session-ID": s.routing_key}
     escalated = client.calls[-1]["extra_body"]
     assert escalated["kv_transfer_params"] == {"agentkv": {"import": EXPORT_ID, "mapper": "fast"}}
-    assert escalated["cache_salt"] == handoff_salt(s.cache_salt, mapper_digest(folder)) != s.cache_salt
+    assert escalated["cache_salt"] == handoff_salt(s._parts.cache_salt, mapper_digest(folder)) != s._parts.cache_salt
     stats = s.stats()
     assert (stats["handoff_mapped"], stats["mapped_tokens"], stats["handoff_fallbacks"]) == (1, 896, 0)
     assert any(e["event"] == "handoff.imported" and e["mapped_tokens"] == 896 for e in events)
@@ -104,7 +104,7 @@ def test_the_gate_refusing_a_mapper_replays_without_exporting(tmp_path, monkeypa
     exports, client = [], Slow(loaded=896)
     s = escalate(Handoff("ridge", mapper=mapper_folder(tmp_path, 0.4), via="vllm"), client, monkeypatch, exports)
     assert exports == [] and "kv_transfer_params" not in client.calls[-1]["extra_body"]
-    assert client.calls[-1]["extra_body"]["cache_salt"] == s.cache_salt
+    assert client.calls[-1]["extra_body"]["cache_salt"] == s._parts.cache_salt
     assert s.stats()["handoff_fallbacks"] == 1 and s.stats()["handoff_mapped"] == 0
 
 
@@ -114,18 +114,23 @@ def test_identity_between_replicas_keeps_the_tenants_salt(tmp_path, monkeypatch)
     s = escalate(Handoff("identity", via="vllm"), client, monkeypatch)
     escalated = client.calls[-1]["extra_body"]
     assert escalated["kv_transfer_params"] == {"agentkv": {"import": EXPORT_ID}}
-    assert escalated["cache_salt"] == s.cache_salt and s.stats()["handoff_mapped"] == 1
+    assert escalated["cache_salt"] == s._parts.cache_salt and s.stats()["handoff_mapped"] == 1
 
 
 def test_an_export_that_fails_is_a_replay(tmp_path, monkeypatch):
     """Fast answering without an export id (no connector there) falls back to replay, request unchanged."""
+    from agentkv._support.effects import run
+    from agentkv._support.jobs import BackgroundJobs
+
     monkeypatch.setenv("AGENTKV_WARM_AHEAD", "0")
     handoff = Handoff("ridge", mapper=mapper_folder(tmp_path, 0.99), via="vllm")
     http = FakeHttp(lambda method, url, body: models_answer("x", 100_000) if url.endswith("/models") else {"choices": []})
-    attempt = type("A", (), {"kwargs": {"messages": []}, "cache_salt": "s"})()
-    outcome = handoff.at_escalation(Backend("hosted_vllm/fast", api_base="http://f/v1"), Backend("hosted_vllm/slow"),
-                                    _payload(), "s", attempt=attempt, http=http)
-    assert outcome.fallback and "exported nothing" in outcome.reason and attempt.kwargs == {"messages": []}
+    kwargs = {"messages": []}
+    plan = handoff.plan(Backend("hosted_vllm/fast", api_base="http://f/v1"), Backend("hosted_vllm/slow"), _payload(),
+                        "s", request=kwargs)
+    outcome = run(handoff.execute(plan, http=http), BackgroundJobs())
+    assert outcome.fallback and "exported nothing" in outcome.reason and outcome.request is None
+    assert kwargs == {"messages": []}
 
 
 def _payload():

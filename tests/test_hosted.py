@@ -9,9 +9,9 @@ import pytest
 from agentkv import Backend, Session, WarmAheadPolicy
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.errors import ContextOverflowError
-from agentkv.provider_fakes.anthropic import FakeAnthropic
-from agentkv.provider_fakes.gemini import FakeGemini
-from agentkv.provider_fakes.openai import FakeOpenAI
+from agentkv.testing.providers.anthropic import FakeAnthropic
+from agentkv.testing.providers.gemini import FakeGemini
+from agentkv.testing.providers.openai import FakeOpenAI
 from agentkv.testing import capture_events
 from agentkv.tokens import Payload
 from agentkv.tokens.sources import AnthropicCountSource, GeminiCountSource

@@ -56,7 +56,7 @@ def test_malformed_message_named_before_any_call(case):
             call()
         assert (raised.value.index, raised.value.field) == (index, field)
         assert f"messages[{index}]" in str(raised.value)
-    assert http.calls == [] and s.client.calls == []
+    assert http.calls == [] and s._parts.client.calls == []
 
 
 def test_invalid_request_error_is_an_agentkv_value_error():

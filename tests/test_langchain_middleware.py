@@ -134,7 +134,7 @@ def check_run(fresh, s, task=None):
         warm, escalation = (next(b for b in chat_requests(slow) if user_of(b) == task and pick(b))
                             for pick in (lambda b: b.get("max_tokens") == 1, lambda b: b.get("max_tokens") != 1))
     assert escalation["model"] == slow.model_id and escalation["tools"] == warm["tools"]
-    assert {warm["cache_salt"], escalation["cache_salt"], *(b["cache_salt"] for b in sent)} == {s.cache_salt}
+    assert {warm["cache_salt"], escalation["cache_salt"], *(b["cache_salt"] for b in sent)} == {s._parts.cache_salt}
     block = slow.engine.prefix_cache.block_size
     warmed = len(tokenize(slow, warm))
     full = warmed // block * block
@@ -239,7 +239,7 @@ async def test_one_middleware_serves_interleaved_threads_of_two_tenants(fresh):
                     for t in tasks}
     assert [r["messages"][-1].content for r in results] == ["It was compaction."] * 2
     assert sorted(held) == sorted(f"{tenants[t]}/h:{t}" for t in tasks)
-    assert sessions["a"].cache_salt != sessions["b"].cache_salt
+    assert sessions["a"]._parts.cache_salt != sessions["b"]._parts.cache_salt
     for t, s in sessions.items():
         assert s.tenant == tenants[t] and s.ledger[0].cached_tokens == 0  # not even the shared prompt: other salt
         print(f"Conversations, thread {t}: cached / warm's full blocks / warm", check_run(fresh, s, tasks[t]))

@@ -18,7 +18,7 @@ _GLOBAL_LISTS = ("callbacks", "input_callback", "success_callback", "failure_cal
 @pytest.fixture
 def litellm_mod():
     """litellm, with every global callback list restored after the test (litellm copies callbacks into all of them)."""
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     litellm = import_litellm()
     saved = {name: list(getattr(litellm, name)) for name in _GLOBAL_LISTS if hasattr(litellm, name)}

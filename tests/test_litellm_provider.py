@@ -39,7 +39,7 @@ def lookup_text(topic: str) -> str:
 @pytest.fixture
 def litellm_mod():
     """litellm with a counting logger; its global callback lists and providers restored after the test."""
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     litellm = import_litellm()
     saved = {name: list(getattr(litellm, name)) for name in _GLOBAL_LISTS if hasattr(litellm, name)}

@@ -48,7 +48,7 @@ def test_sync_client_escalates_onto_a_warm_prefix(fresh):
             assert s.drain_warms(30)
         assert answer.model == fresh["slow"].model_id and s.ledger[-1].cached_tokens == cached(answer.usage)
     print("openai-sync", check_escalation(s, fresh["slow"], cached(answer.usage)))
-    assert all(b.get("cache_salt") == s.cache_salt for b in chat_requests(fresh["slow"]) + chat_requests(fresh["fast"]))
+    assert all(b.get("cache_salt") == s._parts.cache_salt for b in chat_requests(fresh["slow"]) + chat_requests(fresh["fast"]))
     assert s.stats()["cached_tokens_on_escalation"] == cached(answer.usage) > 0
 
 

@@ -13,26 +13,27 @@ EXPECTED = {
     "Conversations", "Handoff", "HttpError", "HttpTransport", "InvalidRequestError", "LedgerEntry", "NoSessionError",
     "Observation", "PoolExhaustedError", "PrefixReport", "RetryPolicy", "RouteDecision", "RoutePolicy", "RunResult",
     "Session", "SessionLike",
-    "TokenCount", "Tool", "TurnEnd", "WarmAheadPolicy", "WindowDiscovery", "__version__", "acompletion", "completion",
-    "configure", "current_session", "function_schema", "session",
+    "TokenCount", "Tool", "TurnEnd", "WarmAheadPolicy", "WindowDiscovery", "acompletion", "completion",
+    "configure", "current_session", "derive_cache_salt", "function_schema", "session",
 }
-# The pure core, exported by its own modules, and still importable from ``agentkv`` for code written before.
+# The pure core, exported by its own modules only.
 CORE = {
     "decide_route": "agentkv.routing", "plan_recovery": "agentkv.routing", "Recovery": "agentkv.routing",
     "decide_warm": "agentkv.warm", "WarmDecision": "agentkv.warm", "CooldownMap": "agentkv.warm",
     "overflow_from_error": "agentkv.overflow", "parse_overflow": "agentkv.overflow", "Overflow": "agentkv.overflow",
     "payload_from_request": "agentkv.tokens", "Payload": "agentkv.tokens", "TokenCounter": "agentkv.tokens",
-    "derive_cache_salt": "agentkv.tenancy", "default_discovery": "agentkv.discovery", "WindowInfo": "agentkv.backends",
+    "default_discovery": "agentkv.discovery", "WindowInfo": "agentkv.backends",
 }
 
 
 def test_the_pure_core_is_exported_by_its_own_modules():
-    """Each pure-core name is in its module's ``__all__`` and is the same object ``agentkv`` still resolves."""
+    """Each pure-core name is in its own module's ``__all__``; ``agentkv`` itself does not export it."""
     import importlib
 
     for name, module in CORE.items():
         owner = importlib.import_module(module)
-        assert name in owner.__all__ and getattr(owner, name) is getattr(agentkv, name), name
+        assert name in owner.__all__ and getattr(owner, name) is not None, name
+        assert name not in agentkv.__all__ and not hasattr(agentkv, name), name
 
 
 def test_session_name_is_the_decorator():
@@ -47,6 +48,13 @@ def test_exported_members_are_pinned():
     assert set(agentkv.__all__) == EXPECTED
     for name in agentkv.__all__:
         assert getattr(agentkv, name) is not None
+
+
+def test_lazy_exports_are_exactly_all():
+    """The names ``agentkv`` loads on first use are exactly ``__all__``: nothing importable from the package top is
+    left out of the curated list, and ``__version__`` is an attribute."""
+    assert set(agentkv._EXPORTS) == set(agentkv.__all__)
+    assert agentkv.__version__ and "__version__" not in agentkv.__all__
 
 
 def test_import_is_cheap():

@@ -88,7 +88,7 @@ def test_final_answer_on_the_first_step():
 def test_tool_calls_are_run_and_answered_in_order():
     """Every tool call gets a tool message with its id and result, and the next request carries them."""
     s, client = offline_session([calls(("add", {"a": 2, "b": 3}), ("add", {"a": 1, "b": 1})), "5 and 2"])
-    result = s.run("Add things.", [add])
+    result = s.react("Add things.", [add])
     tool_messages = [m for m in result.messages if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [("call_1_0", "5"), ("call_1_1", "2")]
     assert client.requests[1]["messages"] == result.messages[:-1]
@@ -156,7 +156,7 @@ def test_sync_loop_refuses_async_tools():
 async def test_async_loop_awaits_async_tools_and_runs_sync_ones():
     """arun_loop awaits async tools, calls sync tools directly, and Session.arun delegates to it."""
     s, _ = offline_session([calls(("slow_add", {"a": 2, "b": 2}), ("add", {"a": 1, "b": 2})), "4 and 3"])
-    result = await s.arun("Add.", [slow_add, add], max_steps=4)
+    result = await s.areact("Add.", [slow_add, add], max_steps=4)
     assert [m["content"] for m in result.messages if m["role"] == "tool"] == ["4", "3"]
     s2, _ = offline_session([calls(("explode", {"reason": "x"})), "done"])
     result2 = await arun_loop(s2, "Go.", [explode])
@@ -190,7 +190,7 @@ def test_loop_escalates_to_slow_as_tool_results_grow(fresh):
     client = ScriptedReplies([calls(("fetch_logs", {"host": f"st-{i}"})) for i in range(3)] + ["It was compaction."])
     with Session(fast, slow, client=client, discovery=fresh["discovery"], cooldowns=fresh["cooldowns"],
                  in_flight=fresh["in_flight"], session_id=fresh["session_id"]) as s:
-        result = s.run("Why is eu-west slow?", [fetch_logs], max_steps=8, max_tokens=2)
+        result = s.react("Why is eu-west slow?", [fetch_logs], max_steps=8, max_tokens=2)
         s.drain_warms(30)
     roles = [r.role for r in result.routes]
     assert result.stop_reason == "final_answer" and result.content == "It was compaction."

@@ -26,66 +26,36 @@ def test_transient_classification(error, expected):
 
 
 def test_transient_error_is_retried_with_growing_sleeps():
-    """A 503 twice then success takes three attempts and two injected sleeps that grow."""
-    sleeps, calls = [], []
-    policy = RetryPolicy(attempts=3, initial_s=1.0, jitter_s=0.0, sleep=sleeps.append)
-
-    def flaky():
-        calls.append(1)
-        if len(calls) < 3:
-            raise Status(503)
-        return "ok"
-
-    assert policy.call(flaky) == "ok"
-    assert len(calls) == 3 and len(sleeps) == 2 and sleeps[1] > sleeps[0]
+    """A 503 is retried, each wait longer than the one before (exponential backoff, no jitter)."""
+    policy = RetryPolicy(attempts=3, initial_s=1.0, jitter_s=0.0)
+    waits = [policy.retry_after(Status(503), tries=n, limit=3) for n in (1, 2)]
+    assert waits == [1.0, 2.0]
 
 
 def test_attempts_are_bounded():
-    """A server that keeps failing raises its error after the last attempt."""
-    policy = RetryPolicy(attempts=2, sleep=lambda s: None)
-    with pytest.raises(Status):
-        policy.call(lambda: (_ for _ in ()).throw(Status(500)))
+    """The last try's failure is not retried: the send gives up with its error."""
+    policy = RetryPolicy(attempts=2)
+    assert policy.retry_after(Status(500), tries=1, limit=policy.limit()) is not None
+    assert policy.retry_after(Status(500), tries=2, limit=policy.limit()) is None
 
 
 def test_bad_request_is_not_retried():
-    """A 400 is raised at once, without sleeping."""
-    sleeps = []
-    with pytest.raises(Status):
-        RetryPolicy(sleep=sleeps.append).call(lambda: (_ for _ in ()).throw(Status(400)))
-    assert sleeps == []
+    """A 400 is never retried."""
+    assert RetryPolicy().retry_after(Status(400), tries=1, limit=3) is None
 
 
-async def test_async_retry_awaits_and_retries():
-    """The async twin awaits the call and retries on the injected async sleep."""
-    calls = []
-
-    async def no_sleep(seconds):
-        calls.append(("sleep", seconds))
-
-    async def flaky():
-        calls.append("call")
-        if calls.count("call") < 2:
-            raise Status(429)
-        return 7
-
-    assert await RetryPolicy(asleep=no_sleep).acall(flaky) == 7
-    assert calls.count("call") == 2
+def test_a_429_is_retried_and_the_wait_is_capped():
+    """A 429 is transient; no wait is ever longer than max_s."""
+    policy = RetryPolicy(attempts=10, initial_s=1.0, max_s=3.0, jitter_s=0.0)
+    assert [policy.retry_after(Status(429), tries=n, limit=10) for n in (1, 2, 3, 4)] == [1.0, 2.0, 3.0, 3.0]
 
 
 def test_a_call_takes_at_most_the_tries_it_is_given_and_never_more_than_the_policy():
-    """attempts= lowers the bound for one call (what is left of a turn's tries); it never raises it."""
-    calls = []
-
-    def failing():
-        calls.append(1)
-        raise Status(503)
-
-    policy = RetryPolicy(attempts=3, sleep=lambda s: None)
-    for given, expected in ((1, 1), (2, 2), (10, 3), (None, 3)):
-        calls.clear()
-        with pytest.raises(Status):
-            policy.call(failing, attempts=given)
-        assert len(calls) == expected
+    """limit(left) lowers the bound for one send (what is left of a turn's tries); it never raises it; a policy that
+    does not retry gives each send one try."""
+    policy = RetryPolicy(attempts=3)
+    assert [policy.limit(given) for given in (1, 2, 10, None)] == [1, 2, 3, 3]
+    assert RetryPolicy(retry_transient=False).limit(3) == 1
 
 
 def test_a_turn_closes_a_backend_that_is_down_refused_it_or_had_its_tries():

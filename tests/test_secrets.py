@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from agentkv import Backend, Session
-from agentkv._http import HttpError, HttpxTransport, redact_url
+from agentkv.http.transport import HttpError, HttpxTransport, redact_url
 from agentkv.testing import FakeHttp, capture_events, models_answer
 from agentkv.tokens import TokenCounter, payload_from_request
 
@@ -37,7 +37,7 @@ def test_attempt_repr_has_no_api_key_and_no_salt():
     with Session(fast, tenant="acme", cache_salt_secret="k", http=http, count_with_server=False) as session:
         attempt = session.prepare({"model": "m", "messages": [{"role": "user", "content": "hi"}], "api_key": KEY,
                                    "extra_headers": {"x-api-key": KEY}})
-        salt = session.cache_salt
+        salt = session._parts.cache_salt
     text = repr(attempt)
     assert salt and KEY not in text and salt not in text
     assert "'content': 'hi'" in text and "decision=" in text
@@ -53,10 +53,10 @@ def test_http_error_messages_strip_url_credentials_sync_and_async(url):
     url = url.format(pw=PASSWORD, port=_closed_port())
     http = HttpxTransport()
     with pytest.raises(HttpError) as sync_error:
-        http.get_json(url, timeout_s=2.0)
+        http.request("GET", url, timeout_s=2.0)
 
     async def fetch() -> None:
-        await http.aget_json(url, timeout_s=2.0)
+        await http.arequest("GET", url, timeout_s=2.0)
 
     with pytest.raises(HttpError) as async_error:
         asyncio.run(fetch())
@@ -69,7 +69,7 @@ def test_http_error_status_messages_strip_url_credentials(servers):
     fast, _ = servers
     root = fast.api_base.replace("http://", f"http://admin:{PASSWORD}@")
     with pytest.raises(HttpError) as error:
-        HttpxTransport().get_json(root + "/no-such-route", timeout_s=5.0)
+        HttpxTransport().request("GET", root + "/no-such-route", timeout_s=5.0)
     assert error.value.status_code == 404 and PASSWORD not in str(error.value) and "admin" not in str(error.value)
 
 

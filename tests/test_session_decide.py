@@ -10,6 +10,7 @@ from agentkv import Backend, RetryPolicy, Session, WindowDiscovery
 from agentkv._session.decide import (
     Answered, Failed, FailOver, Finish, GiveUp, HandOff, Recover, Send, next_action,
 )
+from agentkv.http import HttpError
 from agentkv.routing import RouteDecision
 from agentkv.testing import FakeHttp, capture_events, models_answer
 from agentkv.wire.kv_transfer import KEY
@@ -118,7 +119,7 @@ def _drive(entry, s, backends):
     """One turn through ``entry``: what the caller got ("error" when the turn raised) and how often slow was sent to."""
     body = {"model": "fast-m", "messages": LONG, "max_tokens": 8}
     if entry in ("completion", "acompletion"):
-        s.client = backends
+        s._parts.client = backends
         try:
             if entry == "completion":
                 s.completion(messages=LONG, max_tokens=8)
@@ -150,7 +151,14 @@ def _drive(entry, s, backends):
     from agentkv.gateway.context import GatewayContext
     from agentkv.gateway.relay import relay
 
-    upstream = FakeHttp(lambda method, url, body: backends.hit(url) or _answer())  # the one fake, raw POSTs too
+    def reach(method, url, body):  # the one fake, raw POSTs too: a refused connection is the seam's one error
+        try:
+            backends.hit(url)
+        except httpx.ConnectError as refused:
+            raise HttpError(str(refused), kind="outage", reason="refused") from refused
+        return _answer()
+
+    upstream = FakeHttp(reach)
     ctx = GatewayContext(GatewayConfig(fast_url=FAST, fast_model="fast-m", slow_url=SLOW, slow_model="slow-m"),
                          upstream=upstream)
     reply = asyncio.run(relay(ctx, s, body))

@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from agentkv import Backend, ContextOverflowError, Session, WindowDiscovery
-from agentkv._http import HttpError
+from agentkv.http.transport import HttpError
 from agentkv.testing import FakeHttp
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv.testing import FakeClock, capture_events
@@ -120,7 +120,7 @@ def test_under_estimate_is_caught_by_reactive_escalation(fresh):
     """A count that is wrong low sends a too-long prompt to fast; its 400 is answered by slow."""
     msgs, tools = conversation(9)
     with session(fresh) as s:
-        s.counters["fast"] = TokenCounter([UnderCount()])
+        s._parts.counters["fast"] = TokenCounter([UnderCount()])
         resp = s.completion(messages=msgs, tools=tools, max_tokens=8)
     assert resp.choices and (s.last_route.backend, s.last_route.reason) == ("slow", "reactive_escalate")
     real = [b for b in chat_requests(fresh["slow"]) if b.get("max_tokens") != 1]  # max_tokens=1: a warm
@@ -282,7 +282,7 @@ class RecordingCloud:
 
 def test_catalogued_cloud_slow_takes_the_overflow(fresh):
     """A cloud slow model in litellm's catalog gets the request that does not fit, with no cache_salt."""
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     fast, _ = backends(fresh)
     cloud = Backend("gpt-4o", name="cloud")
@@ -314,7 +314,7 @@ def test_reactive_escalation_fits_the_slow_window(fresh):
     fast, slow = backends(fresh, window=8192)
     msgs, tools = conversation(10)  # over fast's real 2048 (its 400), within slow's 2600
     with session(fresh, fast=fast, slow=slow, count_with_server=False) as s:
-        s.counters["fast"] = TokenCounter([UnderCount()])
+        s._parts.counters["fast"] = TokenCounter([UnderCount()])
         resp = s.completion(messages=msgs, tools=tools, max_tokens=2000)
     sent = [b["max_tokens"] for b in chat_requests(fresh["slow"]) if b["max_tokens"] != 1]
     assert resp.choices and s.last_route.backend == "slow" and len(chat_requests(fresh["fast"])) == 1

@@ -9,7 +9,8 @@ import pytest
 
 from agentkv import Backend, Session, WarmAheadPolicy, WindowDiscovery
 from agentkv.state import InProcessStore, RedisStore, SharedWindow, StateUnavailable, WarmClaim
-from agentkv.testing import FakeHttp, models_answer, redis_server
+from agentkv.testing import FakeHttp, models_answer
+from agentkv.testing.servers import redis_server
 
 FAST, SLOW = "http://127.0.0.1:9201/v1", "http://127.0.0.1:9202/v1"
 SECRET_WORD = "zanzibar-quokka"
@@ -91,9 +92,9 @@ def test_a_correction_one_replica_writes_is_read_by_another(store, redis_url):
 
 def test_a_store_that_cannot_reach_redis_fails_fast_then_reconnects_by_itself(redis_url):
     """Nothing listening: StateUnavailable within the timeout, fast while backing off; a server appears: it works."""
-    from agentkv.testing import _free_port
+    from agentkv.testing.servers import free_port
 
-    port = _free_port()
+    port = free_port()
     store = RedisStore.from_url(f"redis://127.0.0.1:{port}/0", namespace="n", retry_s=0.2)
     for _ in range(3):
         with pytest.raises(StateUnavailable):
@@ -169,28 +170,28 @@ def test_keys_are_namespaced_and_carry_no_prompt_tenant_or_session_text(store):
 
 def test_redis_down_skips_the_warm_counted_and_the_request_still_answers():
     """An unreachable store: the request is answered, the warm is skipped and counted, discovery uses its own cache."""
-    from agentkv.testing import _free_port
+    from agentkv.testing.servers import free_port
 
-    store = RedisStore.from_url(f"redis://127.0.0.1:{_free_port()}/0", namespace="down")
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", namespace="down")
     http = FakeHttp(models)
     s = make_session(store, http, Answers())
     s.completion(messages=big_messages(), max_tokens=8)
     assert s.stats()["warm_skipped_state_unavailable"] == 1 and s.stats()["warm_fired"] == 0
-    assert s.discovery.window(s.fast, model_known=False).window == 2048
+    assert s._parts.discovery.window(s.fast, model_known=False).window == 2048
     assert any(c.url.endswith("/models") for c in http.calls)
 
 
 def test_the_in_process_store_is_the_default_and_keeps_todays_guards():
     """Without state= or AGENTKV_REDIS_URL a Session's store is the process's InProcessStore."""
     s = Session(Backend("a"), Backend("b"))
-    assert isinstance(s.state, InProcessStore) and s.state is Session(Backend("c")).state
+    assert isinstance(s._parts.state, InProcessStore) and s._parts.state is Session(Backend("c"))._parts.state
 
 
 def test_agentkv_redis_url_gives_sessions_the_shared_store(redis_url, monkeypatch):
     """AGENTKV_REDIS_URL, read when a Session is made, selects a RedisStore on that URL."""
     monkeypatch.setenv("AGENTKV_REDIS_URL", redis_url)
     s = Session(Backend("a"), Backend("b"))
-    assert isinstance(s.state, RedisStore) and s.state.url == redis_url
+    assert isinstance(s._parts.state, RedisStore) and s._parts.state.url == redis_url
 
 
 def test_configure_passes_the_store_to_decorated_sessions(store):
@@ -201,7 +202,7 @@ def test_configure_passes_the_store_to_decorated_sessions(store):
     try:
         @agentkv.session
         def agent():
-            return agentkv.current_session().state
+            return agentkv.current_session()._parts.state
 
         assert agent() is store
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import agentkv._env as _env
+import agentkv._support.env as _env
 from agentkv.state import RedisStore, WarmClaim
 from agentkv.telemetry import tenant_digest
 

@@ -111,8 +111,8 @@ def test_a_tenants_salt_replaces_a_caller_salt_async(fresh):
 def test_a_caller_salt_equal_to_the_tenants_is_not_news(fresh):
     """A caller that passes the Session's own salt (as LangChain users are told to) is not warned about."""
     with _session(fresh, tenant="tenant-B", cache_salt_secret=SECRET) as s, capture_events() as events:
-        s.completion(messages=MESSAGES, max_tokens=2, extra_body={"cache_salt": s.cache_salt})
-    assert _replacements(events) == [] and _sent_salts(fresh) == [s.cache_salt]
+        s.completion(messages=MESSAGES, max_tokens=2, extra_body={"cache_salt": s._parts.cache_salt})
+    assert _replacements(events) == [] and _sent_salts(fresh) == [s._parts.cache_salt]
 
 
 def test_a_tenant_that_opted_out_sends_no_caller_salt(fresh):

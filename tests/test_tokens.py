@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agentkv._http import HttpError
+from agentkv.http.transport import HttpError
 from agentkv.testing import FakeHttp
 from agentkv.tokens.encodings import encode, get_encoding
 from agentkv.tokens.templates import render_chat

@@ -154,7 +154,7 @@ def test_session_gates_a_slow_conversation_and_warms_a_fast_one(fresh):
                 clock.advance(pace)
                 messages = messages + agent.next_turn()
             assert s.drain_warms(30)
-            assert len(s._warm.turns) == 4  # the history the gate keeps is bounded
+            assert len(s._parts.warm.turns) == 4  # the history the gate keeps is bounded
         outcomes[pace] = s.stats(), [e.warm for e in s.ledger]
     slow_stats, slow_warms = outcomes[900.0]
     fast_stats, fast_warms = outcomes[30.0]

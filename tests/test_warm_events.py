@@ -90,7 +90,7 @@ def session(rig, tenant, *, policy=POLICY, session_id=None, template=False):
         slow = rig["slow"].backend(name="slow", kv_events=slow.kv_events, kv_events_replay=slow.kv_events_replay)
     return Session(fast, slow, tenant=tenant, session_id=session_id or str(uuid.uuid4()), warm_ahead=policy,
                    cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
-                   in_flight=InFlightLimit(4), ledger=rig["ledger"])
+                   in_flight=InFlightLimit(4), cache_ledger=rig["ledger"])
 
 
 def turns(n, words=30):
@@ -166,7 +166,7 @@ def test_a_top_up_fires_once_the_unwarmed_tail_passes_top_up_tokens_and_not_befo
     below = above = 0
     for messages in history[2:]:
         ids = slow_ids(rig, messages)
-        tail = len(ids) - rig["ledger"].held_tokens(rig["backends"][1], ids, s.cache_salt)
+        tail = len(ids) - rig["ledger"].held_tokens(rig["backends"][1], ids, s._parts.cache_salt)
         topped = s.stats()["warm_top_up"]
         turn(s, messages)
         fired = s.stats()["warm_top_up"] - topped
@@ -217,7 +217,7 @@ def test_the_ledger_predicts_the_cached_tokens_each_slow_request_reports(rig):
     assert (other.stats()["ledger_predictions_exact"], other.stats()["ledger_reported_tokens"]) == (1, 0)
     # read now instead of as of the send, the ledger also sees the blocks the last request stored itself
     ids = slow_ids(rig, history[-1])
-    assert ledger.resident_tokens(rig["backends"][1], ids, s.cache_salt) > s.ledger[-1].cached_tokens
+    assert ledger.resident_tokens(rig["backends"][1], ids, s._parts.cache_salt) > s.ledger[-1].cached_tokens
 
 
 def test_a_streamed_slow_request_is_predicted_when_its_usage_arrives(rig):
@@ -247,7 +247,7 @@ async def test_the_async_event_aware_path_makes_no_sync_http_call():
     with CacheLedger([silent]) as ledger:  # nothing publishes there: the ledger never sees a block
         s = Session(plain.fast, silent, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
                     cooldowns=CooldownMap(), in_flight=InFlightLimit(4), tenant="t", cache_salt_secret="k",
-                    warm_ahead=WarmAheadPolicy(top_up_tokens=64), ledger=ledger)
+                    warm_ahead=WarmAheadPolicy(top_up_tokens=64), cache_ledger=ledger)
         for messages in seam_turns(30):
             await s.acompletion(messages=messages, max_tokens=8)
             await s.adrain_warms(10)
@@ -270,7 +270,7 @@ def test_a_stopped_ledger_hands_the_decision_back_to_the_cooldown(rig):
     ledger = CacheLedger([slow]).start()
     s = Session(fast, slow, tenant="stopped", session_id=str(uuid.uuid4()), warm_ahead=policy,
                 cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
-                in_flight=InFlightLimit(4), ledger=ledger)
+                in_flight=InFlightLimit(4), cache_ledger=ledger)
     turn(s, history[1])
     assert s.stats()["warm_fired"] == 1
     ledger.stop()
@@ -294,7 +294,7 @@ def test_predictions_hold_when_the_ledger_is_given_another_clock(rig):
     with CacheLedger([slow], clock=time.monotonic) as ledger:
         s = Session(fast, slow, tenant="clock", session_id=str(uuid.uuid4()), warm_ahead=POLICY,
                     cache_salt_secret="events-test", discovery=WindowDiscovery(), cooldowns=CooldownMap(),
-                    in_flight=InFlightLimit(4), ledger=ledger)
+                    in_flight=InFlightLimit(4), cache_ledger=ledger)
         for messages in history:
             turn(s, messages)
             assert s.last_route.role == "slow"
@@ -363,9 +363,9 @@ def test_event_aware_warms_waiting_on_a_silent_ledger_leave_pool_workers_for_oth
     with CacheLedger([silent]) as ledger:  # nothing publishes there: no warm ever shows
         sessions = [Session(plain.fast, silent, discovery=WindowDiscovery(http=http), http=http, client=Answers(),
                             cooldowns=CooldownMap(), in_flight=InFlightLimit(4), tenant=f"t{i}",
-                            cache_salt_secret="k", ledger=ledger) for i in range(6)]
+                            cache_salt_secret="k", cache_ledger=ledger) for i in range(6)]
         for s in sessions:
-            s._warm.residency.settle_s = 120.0  # each would hold its worker for two minutes
+            s._parts.warm.residency.settle_s = 120.0  # each would hold its worker for two minutes
             s.completion(messages=first, max_tokens=8)
         victim = make_session(http, True)
         victim.completion(messages=first, max_tokens=8)

@@ -83,7 +83,7 @@ def test_warm_and_real_request_carry_the_same_salt(fresh):
         s.completion(messages=history[9], tools=TOOLS8, max_tokens=2)
     warm, real = chat_requests(fresh["slow"])
     assert warm["max_tokens"] == 1 and real["max_tokens"] == 2
-    assert warm["cache_salt"] == real["cache_salt"] == s.cache_salt
+    assert warm["cache_salt"] == real["cache_salt"] == s._parts.cache_salt
 
 
 def test_env_switch_disables_warm_at_call_time(fresh, monkeypatch):
@@ -112,7 +112,7 @@ def test_slow_down_leaves_turns_unaffected_and_counts_failure(fresh):
     slow = Backend("hosted_vllm/doomed", api_base=doomed.api_base, name="slow")
     history = grow(4)
     with make_session(fresh, slow=slow) as s:
-        assert s.discovery.served_model_known(slow)
+        assert s._parts.discovery.served_model_known(slow)
         doomed.stop()
         resp = s.completion(messages=history[4], tools=TOOLS8, max_tokens=2)
         assert resp.choices and s.last_route.backend == "fast"

@@ -142,7 +142,7 @@ def test_policy_settings_shape_the_shared_guards():
 
     policy = WarmAheadPolicy(cooldown_s=0.5, max_sessions=7, max_in_flight=1)
     s = Session(Backend("a"), Backend("b"), warm_ahead=policy, tenant="t")
-    assert s.state._guards(s._warm._claim()) == (shared_cooldowns(7, 0.5), shared_in_flight(1))
+    assert s._parts.state._guards(s._parts.warm._claim()) == (shared_cooldowns(7, 0.5), shared_in_flight(1))
     assert shared_cooldowns(7, 0.5).maxsize == 7 and shared_cooldowns(7, 0.5).ttl_s == 0.5
     slot = shared_in_flight(1)
     assert slot.try_acquire() and not slot.try_acquire()

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from agentkv import Backend
-from agentkv.costs import CacheUsage, Prices, read_saving, request_cost
+from agentkv.providers.prices import CacheUsage, Prices, read_saving, request_cost
 from agentkv.errors import ConfigurationError
 from agentkv.overflow import parse_overflow
 from agentkv.providers import provider_of
@@ -30,8 +30,8 @@ SONNET = Prices(input=3e-6, output=1.5e-5, cache_write=3.75e-6, cache_read=3e-7)
     ("openai/qwen3-8b", "http://127.0.0.1:8001/v1", "vllm"),
     ("openai/qwen3-8b", "https://api.openai.com/v1", "openai"),
     ("hosted_vllm/qwen3-32b", "http://10.0.0.2:8000/v1", "vllm"),
-    ("bedrock/anthropic.claude-3", None, "hosted"),
-    ("azure/my-deployment", "https://x.openai.azure.com", "hosted"),
+    ("bedrock/anthropic.claude-3", None, "managed"),
+    ("azure/my-deployment", "https://x.openai.azure.com", "managed"),
     ("claude-sonnet-4-5", None, "anthropic"),
     ("gpt-4o", None, "openai"),
 ])

@@ -14,10 +14,10 @@ from agentkv.backends import Backend, redact_secrets
 from agentkv.fleet import routing_headers, with_routing
 from agentkv.retry import CLIENT_RETRIES_OFF, TurnTries
 from agentkv.routing import RouteDecision
-from agentkv.tenancy import with_body_salt, with_cache_salt
+from agentkv.tenancy import with_body_salt
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.incremental import JsonSnapshot, snapshot
-from agentkv.wire.hosted import hosted_request
+from agentkv.providers import Marks, strategy_for
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
 # ``cache_salt`` shapes no prompt but the cache group the warm lands in (it goes only where the caller's is kept).
@@ -85,8 +85,8 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
     ``cache_salt`` sent is ``salt`` (self-hosted backends only), unless ``keep_caller_salt`` lets the
     caller's own go (:func:`agentkv.tenancy.with_cache_salt`). ``routing_key`` goes in the backend's affinity headers
     (:func:`agentkv.fleet.with_routing`: a session header the caller set wins). A hosted provider's request carries
-    its cache fields (:func:`agentkv.wire.hosted.hosted_request`; ``cache_end``: the messages the conversation's last
-    cache write covered) and never a ``cache_salt``, which no hosted API takes.
+    its cache fields (its provider's strategy: :meth:`agentkv.providers.ProviderStrategy.marked`; ``cache_end``: the
+    messages the conversation's last cache write covered) and never a ``cache_salt``, which no managed API takes.
     """
     call = {k: v for k, v in kwargs.items() if k not in _ADDRESS_KEYS}
     for key in ("messages", "tools"):
@@ -97,13 +97,8 @@ def request_kwargs(backend: Backend, kwargs: Mapping[str, Any], salt: str | None
         keys = [k for k in ("max_tokens", "max_completion_tokens") if kwargs.get(k) is not None] or ["max_tokens"]
         call.update({key: max_tokens for key in keys})
     with_routing(call, backend, routing_key)
-    if not backend.self_hosted:
-        call = hosted_request(backend.provider_kind, with_cache_salt(call, None), routing_key=routing_key,
-                              cache_end=cache_end, retention=backend.cache_retention, explicit=backend.explicit_cache)
-        if call.get("extra_body") == {}:  # the salt was all it held: a hosted API refuses what it does not know
-            del call["extra_body"]
-        return call
-    return with_cache_salt(call, salt, keep_caller=keep_caller_salt)
+    marks = Marks(salt=salt, keep_caller_salt=keep_caller_salt, routing_key=routing_key, cache_end=cache_end)
+    return strategy_for(backend).marked(backend, call, marks)
 
 
 def _copied(value: Any) -> Any:
@@ -130,23 +125,14 @@ def warm_kwargs(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, time
     return call
 
 
-# The providers whose self-hosted servers take the OpenAI body as it is: their warms go out as raw POSTs.
-_RAW_PROVIDERS = ("hosted_vllm", "openai")
 # Keys of a raw body that never shape the prompt and must not ride on a one-token warm.
 _NOT_FOR_WARMS = ("stream", "stream_options", "max_completion_tokens", "max_tokens", "n", "best_of", "model")
 
 
 def raw_warm_target(slow: Backend, *, text: bool = False) -> str | None:
-    """The ``/chat/completions`` URL a warm to ``slow`` is POSTed to raw (``/completions`` for a ``text``
-    completion), or None to send it through litellm.
-
-    Self-hosted OpenAI-compatible servers without a key qualify: the warm then never waits for a
-    litellm import and carries exactly the bytes the caller's request will carry.
-    """
-    provider = slow.model.split("/", 1)[0] if "/" in slow.model else ""
-    if not slow.api_base or not slow.self_hosted or slow.api_key or provider not in _RAW_PROVIDERS:
-        return None
-    return f"{slow.api_base.rstrip('/')}/{'completions' if text else 'chat/completions'}"
+    """The URL a warm to ``slow`` is POSTed to raw (``/completions`` for a ``text`` completion), or None to send it
+    through litellm: its provider's strategy says (:meth:`agentkv.providers.ProviderStrategy.warm_url`)."""
+    return strategy_for(slow).warm_url(slow, text=text)
 
 
 def warm_body(slow: Backend, kwargs: Mapping[str, Any], salt: str | None, *, raw: bool,

@@ -1,7 +1,7 @@
 """What a turn does next: one pure decision over an attempt and what happened to it.
 
 Every way into a request (``Session.completion`` and ``acompletion``, the OpenAI transport's two twins, the
-gateway's relay) runs the same loop (:mod:`agentkv._session.drive`), and that loop does what :func:`next_action`
+gateway's relay) runs the same loop (:func:`agentkv._session.turn.turn`), and that loop does what :func:`next_action`
 says and nothing else, as tenacity's ``Retrying.__call__`` does what ``BaseRetrying.iter`` says:
 
 - nothing has happened yet: :class:`HandOff` when the try is the escalation and a KV handoff is configured (once),

@@ -7,41 +7,25 @@ load it): never an import on a request's path.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
-from agentkv._defaults import shared
 from agentkv.backends import Backend
-from agentkv.costs import loaded_prices
+from agentkv._support.defaults import shared
 from agentkv.events import emit
+from agentkv.providers import loaded_prices, strategy_for
 from agentkv.warm.economics import EscalationRate, warm_premium
 
 if TYPE_CHECKING:
-    from agentkv._session.state import SessionState
+    from agentkv._session.parts import SessionParts
 
 __all__ = ["cache_minimum", "escalation_rate", "inputs", "tally"]
 
-DEFAULT_CACHE_MINIMUM = 1024
-"""litellm's provider-agnostic shortest cacheable prompt (OpenAI's, and most Anthropic models')."""
 _NOT_CROSSED = ("no_window", "below_threshold", "routed_slow")
 
 
-def _litellm_loaded() -> bool:
-    return "litellm" in sys.modules
-
-
 def cache_minimum(backend: Backend) -> int | None:
-    """A hosted model's shortest cacheable prompt (litellm's ``get_prompt_cache_min_tokens``), None when self-hosted."""
-    if backend.self_hosted:
-        return None
-    if not _litellm_loaded():
-        return DEFAULT_CACHE_MINIMUM
-    found: dict[str, int] = shared("cache_minimums", dict)
-    if backend.model not in found:
-        from litellm.utils import get_prompt_cache_min_tokens
-
-        found[backend.model] = int(get_prompt_cache_min_tokens(backend.model))
-    return found[backend.model]
+    """A managed model's shortest cacheable prompt (its strategy's), None when self-hosted."""
+    return strategy_for(backend).cache_minimum(backend)
 
 
 def escalation_rate(backend: Backend) -> EscalationRate:
@@ -49,7 +33,7 @@ def escalation_rate(backend: Backend) -> EscalationRate:
     return shared(("escalation_rate", backend.label, backend.model), EscalationRate)
 
 
-def inputs(s: "SessionState", slow: Backend) -> dict[str, Any]:
+def inputs(s: "SessionParts", slow: Backend) -> dict[str, Any]:
     """:func:`~agentkv.warm.policy.decide_warm`'s hosted inputs: the cacheable minimum and, for a cost-aware
     policy, the warm's premium (None while prices are unknown: the gate abstains). Never raises: without them the
     other guards decide."""
@@ -67,7 +51,7 @@ def inputs(s: "SessionState", slow: Backend) -> dict[str, Any]:
         return {}
 
 
-def tally(s: "SessionState", slow: Backend, outcome: str | None, *, escalated: bool) -> None:
+def tally(s: "SessionParts", slow: Backend, outcome: str | None, *, escalated: bool) -> None:
     """Count this conversation's first crossing of the warm threshold, and its first escalation after one."""
     if outcome is not None and outcome not in _NOT_CROSSED and not s.crossed:
         s.crossed = True

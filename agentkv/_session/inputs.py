@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from agentkv._http import unsendable_header
+from agentkv.http.transport import unsendable_header
 from agentkv.backends import Backend, WindowInfo
 from agentkv.errors import ConfigurationError, InvalidRequestError
 from agentkv.routing import Target, no_slow_target, slow_target

@@ -16,6 +16,7 @@ a synchronised clock; a prompt whose exact ids cannot be had (no ``/tokenize``, 
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +24,12 @@ from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload, TokenCounter
-from agentkv.warm.sender import BackgroundJobs
+from agentkv._support.effects import Call, Machine, Spawn
 
 if TYPE_CHECKING:
     from agentkv.cache_ledger import CacheLedger
 
-__all__ = ["Prediction", "schedule_prediction"]
+__all__ = ["Prediction", "predicting"]
 
 _UNSET = object()
 
@@ -78,28 +79,17 @@ def _resident(prediction: Prediction, ids: tuple[list[int], bool], salt: str | N
     prediction.predicted(predicted, len(token_ids) if exact else 0)
 
 
+def predicting(prediction: Prediction, counter: TokenCounter, payload: Payload, salt: str | None,
+               sent_at: float) -> Machine[None]:
+    """Work the prediction out in the background (spawned: a task on the running loop, or a pool thread)."""
+    yield Spawn(functools.partial(_predict, prediction, counter, payload, salt, sent_at), 60.0)
+
+
 def _predict(prediction: Prediction, counter: TokenCounter, payload: Payload, salt: str | None,
-             sent_at: float) -> None:
+             sent_at: float) -> Machine[None]:
     try:
-        _resident(prediction, counter.token_ids(payload), salt, sent_at)
+        ids = yield Call(counter.token_ids, counter.atoken_ids, (payload,))
+        _resident(prediction, ids, salt, sent_at)
     except Exception as exc:  # a prediction never raises into anyone
         emit("ledger.prediction_failed", level="debug", error=type(exc).__name__)
         prediction.predicted(None)
-
-
-async def _apredict(prediction: Prediction, counter: TokenCounter, payload: Payload, salt: str | None,
-                    sent_at: float) -> None:
-    try:
-        _resident(prediction, await counter.atoken_ids(payload), salt, sent_at)
-    except Exception as exc:  # a prediction never raises into anyone
-        emit("ledger.prediction_failed", level="debug", error=type(exc).__name__)
-        prediction.predicted(None)
-
-
-def schedule_prediction(jobs: BackgroundJobs, prediction: Prediction, counter: TokenCounter, payload: Payload,
-                        salt: str | None, sent_at: float, *, asynchronous: bool) -> None:
-    """Work the prediction out in the background: a task on the running loop, or a pool thread."""
-    if asynchronous:
-        jobs.task(_apredict(prediction, counter, payload, salt, sent_at), 60.0)
-    else:
-        jobs.thread(lambda: _predict(prediction, counter, payload, salt, sent_at))

@@ -1,21 +1,20 @@
-"""The next try after a failed one, as functions over a :class:`~agentkv._session.state.SessionState`: after a context
+"""The next try after a failed one, as functions over a :class:`~agentkv._session.parts.SessionParts`: after a context
 overflow (clamp or escalate: the pure :func:`~agentkv.routing.plan_recovery` and :func:`~agentkv.routing.after_recovery`
 decide) or after an outage (fail over: :func:`~agentkv.routing.failover` decides). The loop
-(:mod:`agentkv._session.drive`) gathers the inputs (the failed backend's count, fresh :class:`Facts`) and hands them
+(:func:`agentkv._session.turn.turn`) gathers the inputs (the failed backend's count, fresh :class:`Facts`) and hands them
 over as data.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NoReturn
-
 from agentkv._session.attempts import Attempt
+from agentkv._session.decide import GiveUp
 from agentkv._session.inputs import Facts, max_tokens_of
-from agentkv._session.state import SessionState
+from agentkv._session.parts import SessionParts
 from agentkv._session.steps import log_route
 from agentkv.errors import ContextOverflowError, PoolExhaustedError
-from agentkv._http import redact_url
+from agentkv.http.transport import redact_url
 from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.fleet import choose
@@ -28,10 +27,12 @@ from agentkv.tokens import TokenCount
 __all__ = ["fail_over", "recover"]
 
 
-def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount,
-            facts: Facts) -> Attempt:
-    """``count``: the failed backend's own count of the request (exact where it can be)."""
-    s._stats.add("overflow_errors")
+def recover(s: SessionParts, attempt: Attempt, error: Exception, overflow: Overflow, count: TokenCount,
+            facts: Facts) -> Attempt | GiveUp:
+    """The next try after ``attempt`` overflowed with ``error``: clamped, escalated, or none (:class:`GiveUp` with a
+    :class:`~agentkv.ContextOverflowError` caused by ``error``). ``count``: the failed backend's own count of the
+    request (exact where it can be)."""
+    s.session_stats.add("overflow_errors")
     role = attempt.decision.role
     failed = facts.fast if role == "fast" else facts.slow
     if overflow.max_context:
@@ -53,12 +54,12 @@ def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overf
         windows[failed.name] = overflow.max_context or failed.window
         closed = attempt.turn.closed("slow", s.retry.attempts) if role == "fast" and s.slow else ""
         why = f"{facts.slow.name!r} {closed}" if closed else plan.why
-        raise ContextOverflowError(
+        return GiveUp(_caused(ContextOverflowError(
             f"{attempt.backend.label!r} rejected the request as too long and no backend can take it: {why}",
             input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
             max_tokens=attempt.decision.max_tokens,
-        ) from error
-    s._stats.add("reactive_fallbacks")
+        ), error))
+    s.session_stats.add("reactive_fallbacks")
     attempt.turn.recoveries += 1
     turns.recovered(attempt, action=plan.action, variant=overflow.variant)
     fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
@@ -67,11 +68,11 @@ def recover(s: SessionState, attempt: Attempt, error: Exception, overflow: Overf
                               requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
     log_route(s, decision, attempt.count)
     escalated = decision.role != attempt.decision.role
-    backend = s._addressed(decision.role, facts, attempt.turn.replicas_down) if escalated else attempt.backend
+    backend = s.addressed(decision.role, facts, attempt.turn.replicas_down) if escalated else attempt.backend
     return replace(attempt, decision=decision, backend=backend, reactive_clamped=not escalated)
 
 
-def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts) -> Attempt:
+def fail_over(s: SessionParts, attempt: Attempt, error: Exception, facts: Facts) -> Attempt | GiveUp:
     """The next try when ``attempt``'s backend is down (``error`` is an outage:
     :func:`~agentkv._session.decide.next_action` said so): the conversation's next replica of a pool, else the other
     backend when it can take the request. When neither can (the other backend is closed for this turn: down, refused
@@ -82,50 +83,56 @@ def fail_over(s: SessionState, attempt: Attempt, error: Exception, facts: Facts)
     if moved is not None:
         return _moved(s, attempt, error, moved)
     if s.slow is None:
-        _give_up(s, attempt, error, facts)
+        return _give_up(s, attempt, error, facts)
     attempt.turn.down.add(attempt.decision.role)
     facts = _for_turn(s, facts, attempt, exclude_refused=True)
     decision = failover(attempt.decision, fast=facts.fast, slow=facts.slow, policy=s.routing,
                         route_tokens=attempt.count.total, safe_tokens=attempt.count.safe,
                         max_tokens=max_tokens_of(attempt.kwargs))
     if decision is None:
-        _give_up(s, attempt, error, facts)
-    s._stats.add("failovers")
+        return _give_up(s, attempt, error, facts)
+    s.session_stats.add("failovers")
     attempt.turn.failovers += 1
     turns.failed_over(attempt, error=error, to=decision.backend, replica=False)
     emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
          status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
          session=s.session_id, tenant=s.tenant)
     log_route(s, decision, attempt.count)
-    return replace(attempt, decision=decision, backend=s._addressed(decision.role, facts, attempt.turn.replicas_down),
+    return replace(attempt, decision=decision, backend=s.addressed(decision.role, facts, attempt.turn.replicas_down),
                    failed_over=True, reactive_clamped=False)
 
 
-def _next_replica(s: SessionState, attempt: Attempt, facts: Facts) -> Backend | None:
+def _next_replica(s: SessionParts, attempt: Attempt, facts: Facts) -> Backend | None:
     """The conversation's next replica of the failed try's pool (not down, not found down this turn), or None."""
     if attempt.backend.label not in s.replicas or attempt.turn.closed(attempt.decision.role, s.retry.attempts,
                                                                       refusal_closes=False):
         return None
-    pool = s._backend(attempt.decision.role)
+    pool = s.backend(attempt.decision.role)
     url = choose(s.routing_key, pool.replicas, down=facts.down, tried={*attempt.turn.replicas_down,
                                                                         attempt.backend.api_base or ""})
     return None if url is None else s.replicas[pool.label][url]
 
 
-def _give_up(s: SessionState, attempt: Attempt, error: Exception, facts: Facts) -> NoReturn:
+def _give_up(s: SessionParts, attempt: Attempt, error: Exception, facts: Facts) -> GiveUp:
     """End a turn no backend took after ``error``: when the failed backend is a pool, with a
     :class:`~agentkv.errors.PoolExhaustedError` naming each replica's state this turn (``error`` its cause); else with
     ``error`` itself."""
     pool = s.replicas.get(attempt.backend.label)
     if pool is None:
-        raise error
+        return GiveUp(error)
     states = {redact_url(url): _replica_state(s, attempt, url, facts) for url in pool}
     emit("pool_exhausted", level="warning", pool=attempt.backend.label, replicas=states, session=s.session_id,
          tenant=s.tenant)
-    raise PoolExhaustedError(attempt.backend.label, states) from error
+    return GiveUp(_caused(PoolExhaustedError(attempt.backend.label, states), error))
 
 
-def _replica_state(s: SessionState, attempt: Attempt, url: str, facts: Facts) -> str:
+def _caused(error: Exception, cause: Exception) -> Exception:
+    """``error`` raised ``from cause`` (as its ``__cause__``), without raising it."""
+    error.__cause__, error.__suppress_context__ = cause, True
+    return error
+
+
+def _replica_state(s: SessionParts, attempt: Attempt, url: str, facts: Facts) -> str:
     """What happened to the pool's replica ``url`` this turn: how its try failed, else why it was not tried."""
     failed = attempt.turn.replica_failures.get(url)
     if failed is not None:
@@ -136,9 +143,9 @@ def _replica_state(s: SessionState, attempt: Attempt, url: str, facts: Facts) ->
     return "not tried"
 
 
-def _moved(s: SessionState, attempt: Attempt, error: Exception, replica: Backend) -> Attempt:
+def _moved(s: SessionParts, attempt: Attempt, error: Exception, replica: Backend) -> Attempt:
     """The same try on the conversation's next replica: the same route and budget, no tier change."""
-    s._stats.add("replica_failovers")
+    s.session_stats.add("replica_failovers")
     turns.failed_over(attempt, error=error, to=replica.label, replica=True)
     emit("replica_failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
          backend=attempt.backend.label, failed=redact_url(attempt.backend.api_base or ""),
@@ -147,7 +154,7 @@ def _moved(s: SessionState, attempt: Attempt, error: Exception, replica: Backend
     return replace(attempt, backend=replica)
 
 
-def _for_turn(s: SessionState, facts: Facts, attempt: Attempt, *, exclude_refused: bool) -> Facts:
+def _for_turn(s: SessionParts, facts: Facts, attempt: Attempt, *, exclude_refused: bool) -> Facts:
     """``facts`` with the backends this turn may no longer use marked unusable (the refusal rule applies to a
     failover; a recovery's own clamp may retry the backend that refused, with less output)."""
     turn, attempts = attempt.turn, s.retry.attempts

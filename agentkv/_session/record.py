@@ -13,7 +13,7 @@ from typing import Any, Callable
 from agentkv._session.attempts import Attempt
 from agentkv.wire.usage import StreamWatcher, Usage, report_rejected, response_usage, token_figure
 from agentkv.errors import check_positive_int
-from agentkv._http import redact_url
+from agentkv.http.transport import redact_url
 from agentkv.events import emit, enabled
 from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from agentkv._http import HttpError, HttpTransport, default_http
+from agentkv.http.transport import HttpError, HttpTransport, default_http
 from agentkv.errors import AgentKVError, ConfigurationError
 from agentkv.events import emit
 from agentkv.cache_ledger.hit_rate import HitCounters, HitRateCheck, compare, server_counters
@@ -131,7 +131,7 @@ class CacheLedger:
         one vLLM connects to is bound, and the topic is vLLM's. A server without events (``{}``) or without the
         route (404: not vLLM, or one before it) is skipped. ``rank``: which data-parallel rank to follow (needed when
         the server has several). ``options`` go to the constructor (``http`` too). Raises
-        :class:`agentkv._http.HttpError` when a server cannot be asked, :class:`ConfigurationError` when its
+        :class:`agentkv.http.transport.HttpError` when a server cannot be asked, :class:`ConfigurationError` when its
         answer names no usable endpoint."""
         backends = list(backends)
         transport = http or default_http()
@@ -141,7 +141,7 @@ class CacheLedger:
             if getattr(backend, "kv_events", None) is not None or root is None:
                 continue
             try:
-                answer = transport.get_json(f"{root}/kv_event_sources", timeout_s=timeout_s)
+                answer = transport.request("GET", f"{root}/kv_event_sources", timeout_s=timeout_s)
             except HttpError as exc:
                 if exc.status_code != 404:
                     raise
@@ -265,18 +265,18 @@ class CacheLedger:
         client, so only their change between two scrapes is set beside what :meth:`record` logged in between.
         Calls may overlap (threads, tasks): a scrape that answers after one begun later returns None and leaves
         the window alone. Never call it on a request path: it is one HTTP round trip. Raises
-        :class:`agentkv._http.HttpError`, or ValueError when the server exposes no prefix-cache counters (vLLM
+        :class:`agentkv.http.transport.HttpError`, or ValueError when the server exposes no prefix-cache counters (vLLM
         with ``--disable-log-stats``).
         """
         name, url, ticket = self._begin_scrape(backend)
-        text = (http or self.http or default_http()).get_text(url, timeout_s=timeout_s)
+        text = (http or self.http or default_http()).request("GET", url, timeout_s=timeout_s, text=True)
         return self._window(name, ticket, server_counters(text))
 
     async def across_check(self, backend: Any, *, http: HttpTransport | None = None,
                            timeout_s: float = 5.0) -> HitRateCheck | None:
         """:meth:`cross_check` for async code (scrapes without blocking the event loop)."""
         name, url, ticket = self._begin_scrape(backend)
-        text = await (http or self.http or default_http()).aget_text(url, timeout_s=timeout_s)
+        text = await (http or self.http or default_http()).arequest("GET", url, timeout_s=timeout_s, text=True)
         return self._window(name, ticket, server_counters(text))
 
     def _begin_scrape(self, backend: Any) -> tuple[str, str, int]:

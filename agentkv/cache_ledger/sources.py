@@ -15,7 +15,7 @@ vLLM dials out, so the subscriber must be the one bound there. Its replay ROUTER
 
 Usage::
 
-    sub = from_sources(httpx.get(root + "/kv_event_sources").json(), "10.0.0.5")
+    sub = from_sources(default_http().request("GET", root + "/kv_event_sources", timeout_s=5.0), "10.0.0.5")
     sub = from_backend(backend)         # Backend(..., kv_events="tcp://*:5557") at http://10.0.0.5:8000 → 10.0.0.5
 """
 

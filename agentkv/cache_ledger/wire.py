@@ -29,13 +29,13 @@ from typing import Any, Sequence
 
 import msgspec
 
-__all__ = ["END_SEQ", "Batch", "Reply", "decode_batch", "published", "replay_request", "replayed"]
+__all__ = ["END_SEQ", "Batch", "ReplayedBatch", "decode_batch", "published", "replay_request", "replayed"]
 
 END_SEQ = -1
 
 
 @dataclass(frozen=True)
-class Reply:
+class ReplayedBatch:
     """One frame set from the replay endpoint: a buffered batch's ``seq`` and payload, or the end marker."""
 
     seq: int
@@ -68,7 +68,7 @@ def published(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
     return int.from_bytes(frames[1], "big"), frames[2]
 
 
-def replayed(frames: Sequence[bytes]) -> Reply | None:
+def replayed(frames: Sequence[bytes]) -> ReplayedBatch | None:
     """A replay reply as a DEALER reads it: ``(b"", topic, seq, payload)`` (vLLM) or ``(b"", seq, payload)`` (the
     embedded server so far), the end marker alike; None for any other shape."""
     if not frames or frames[0] != b"":
@@ -78,7 +78,7 @@ def replayed(frames: Sequence[bytes]) -> Reply | None:
         body = body[1:]  # the topic
     if len(body) != 2 or len(body[0]) != 8:
         return None
-    return Reply(int.from_bytes(body[0], "big", signed=True), body[1])
+    return ReplayedBatch(int.from_bytes(body[0], "big", signed=True), body[1])
 
 
 def decode_batch(decoder: msgspec.msgpack.Decoder[Any], payload: bytes) -> Batch:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TypeVar
 
-import agentkv._env as _env
+import agentkv._support.env as _env
 from agentkv._session import Session
 from agentkv.backends import Backend
 from agentkv.conversations.identity import conversation_id, session_id
@@ -55,7 +55,7 @@ def refusal(fast: Any, slow: Any, tenant: Any, tenant_of: Any, kwargs: Mapping[s
     if "session_id" in kwargs:
         return ("Conversations(session_id=...) is refused: each conversation's Session gets its own id, from the "
                 "conversation's identity (an explicit id, the body's user, or the opening's fingerprint)")
-    known = set(inspect.signature(Session.__init__).parameters) - {"self", "fast", "slow", *_PER_CONVERSATION}
+    known = set(inspect.signature(Session).parameters) - {"fast", "slow", *_PER_CONVERSATION}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         return f"Conversations got {unknown[0]}=..., which a Session does not take"
@@ -178,7 +178,7 @@ class Conversations:
         before the drop (more conversations in flight than ``max_sessions``) must still be answered; a Session with
         nothing to release is simply let go."""
         self.dropped += 1
-        if session.explicit_caches:
+        if session.holds_outside:
             session.close()
 
     # ----------------------------------------------------------------- what it holds

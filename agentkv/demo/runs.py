@@ -129,7 +129,7 @@ def run_modes(config: DemoConfig, console: Any = None) -> tuple[DemoRun, DemoRun
                                          top_up_tokens=config.top_up_tokens)
                 session = Session(fast_backend, slow_backend, tenant=f"bench-{label}", warm_ahead=policy,
                                   cache_salt_secret=f"demo-{time.time_ns()}", cooldowns=CooldownMap(timer=clock),
-                                  ledger=cache_ledger)
+                                  cache_ledger=cache_ledger)
                 lanes.append(_Lane(DemoRun(label), session, clock))
             _run_lanes(config, slow, lanes, console)
     plain_run, aware_run, cold_run = (lane.run for lane in lanes)
@@ -220,7 +220,7 @@ def _warm_up_kernels(fast: Any, slow: Any, tools: list[dict[str, Any]] | None = 
     """Unrelated requests to each server shaped like the demo's (tools, a stream, a prompt of some length) under a
     salt of their own, so first-call costs (imports, kernels, a real vLLM's first tool-call parse and first long
     prefill) stay out of both runs' tables alike."""
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     litellm = import_litellm()
     litellm.suppress_debug_info = True

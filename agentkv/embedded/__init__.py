@@ -4,17 +4,17 @@ Importing this package is cheap; torch and transformers load when an engine or m
 
 Usage::
 
-    from agentkv.embedded import LocalServer
+    from agentkv.embedded import LocalServer, engine_at
 
     with LocalServer.from_size("small", window=2048) as server:   # hosted_vllm/agentkv-small at server.api_base
-        ...
+        engine_at(server.api_base) is server.engine               # how a KV handoff finds engines in-process
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentkv._lazy import lazy_exports
+from agentkv._support.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentkv.embedded.engine.codec import ChatRequest, HFCodec, TiktokenCodec
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from agentkv.embedded.engine.prefix_cache import KVBlock, PrefixCache
     from agentkv.embedded.server.requests import ChatCompletionRequest, CompletionRequest
     from agentkv.embedded.engine.sampling import SamplingParams
-    from agentkv.embedded.server import LocalServer, LoggedRequest
+    from agentkv.embedded.server import LocalServer, LoggedRequest, engine_at
 
 _EXPORTS = {
     "ChatRequest": "agentkv.embedded.engine.codec",
@@ -48,6 +48,7 @@ _EXPORTS = {
     "SamplingParams": "agentkv.embedded.engine.sampling",
     "LocalServer": "agentkv.embedded.server.local_server",
     "LoggedRequest": "agentkv.embedded.server.local_server",
+    "engine_at": "agentkv.embedded.server.local_server",
 }
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "TiktokenCodec",
     "build_model",
     "check_length",
+    "engine_at",
     "load_model",
 ]
 

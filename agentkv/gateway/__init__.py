@@ -2,8 +2,8 @@
 changing its base URL (``agentkv gateway``; see ``docs/gateway.md``).
 
 - :mod:`.config`: :class:`GatewayConfig`, the flags and the limits the environment sets;
-- :mod:`.app`: the ASGI app: the routed POSTs (body limits, bad input) and, on Starlette, the other routes;
-- :mod:`.exchange`: one routed exchange on plain ASGI: the body, the reply, a client's leaving;
+- :mod:`.app`: the ASGI app: the routed POSTs on plain ASGI (the body limit, the reply and the disconnect watcher of
+  :mod:`agentkv.http.asgi`; bad input) and, on Starlette, the other routes;
 - :mod:`.relay`: one request through the Session's public core (``aprepare`` / ``aturn`` / ``answered``);
 - :mod:`.context`: a process's shared state: backends, state store, Sessions, upstream client, metrics;
 - :mod:`.sessions`: the bounded map of conversations (LRU plus idle TTL);
@@ -17,7 +17,7 @@ Importing this package is cheap: starlette, uvicorn and prometheus_client load w
 
 from __future__ import annotations
 
-from agentkv._lazy import lazy_exports
+from agentkv._support.lazy import lazy_exports
 from agentkv.gateway.config import GatewayConfig
 
 __all__ = ["GatewayConfig", "GatewayThread", "create_app"]

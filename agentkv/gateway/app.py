@@ -1,4 +1,4 @@
-"""The gateway's ASGI app: the two routed POSTs on plain ASGI (:mod:`agentkv.gateway.exchange`: they are the hot
+"""The gateway's ASGI app: the two routed POSTs on plain ASGI (:mod:`agentkv.http.asgi`'s pieces: they are the hot
 path), and a Starlette app for the rest, a list of routes, each a small async function, whose lifespan owns the
 shared :class:`~agentkv.gateway.context.GatewayContext` (the upstream client, the Sessions, the metrics).
 
@@ -32,10 +32,9 @@ from agentkv.conversations import conversation_id
 from agentkv.events import defer_events, digest, emit
 from agentkv.gateway.config import GatewayConfig
 from agentkv.gateway.context import GatewayContext
-from agentkv.gateway.exchange import BodyTooLarge, ClientLeft, Receive, Reply, Send, header, read_body, \
-    serve_exchange, write
 from agentkv.gateway.metrics import CONTENT_TYPE_LATEST
 from agentkv.gateway.relay import own_error, relay
+from agentkv.http.asgi import BodyTooLarge, ClientLeft, Receive, Reply, Send, header, read_body, serve_exchange, write
 
 __all__ = ["MODEL_ID", "GatewayApp", "app_from_env", "create_app", "request_problem"]
 
@@ -50,7 +49,7 @@ _Handler = Callable[[Request, GatewayContext], Awaitable[Response]]
 
 class GatewayApp:
     """The gateway's ASGI app. The routed POSTs are its hot path and are served here on plain ASGI
-    (:mod:`agentkv.gateway.exchange`); every other request, and the lifespan, go to the Starlette app of the
+    (:mod:`agentkv.http.asgi`); every other request, and the lifespan, go to the Starlette app of the
     other routes (``routes``), whose ``state`` holds the process's :class:`GatewayContext`."""
 
     def __init__(self, routes: Starlette) -> None:

@@ -25,7 +25,7 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
-from agentkv._http import redact_url
+from agentkv.http.transport import redact_url
 from agentkv.errors import ConfigurationError
 
 __all__ = ["CONFIG_ENV", "GatewayConfig", "shown_urls", "urls_of"]

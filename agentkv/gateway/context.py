@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-import agentkv._env as _env
-from agentkv._http import HttpAnswer, HttpTransport, redact_url
+import agentkv._support.env as _env
+from agentkv.http.transport import HttpAnswer, HttpTransport, redact_url
 from agentkv._session import Session
 from agentkv.backends import Backend
 from agentkv.conversations import LEDGER_ROWS, SessionMap, session_id

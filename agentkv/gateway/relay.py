@@ -16,15 +16,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from agentkv._session import Attempt, Session, TurnEnd
 from agentkv.errors import AnswerTooLarge, ContextOverflowError, PoolExhaustedError
 from agentkv.events import emit
 from agentkv.gateway.context import GatewayContext
-from agentkv.gateway.exchange import JSON, Reply
-from agentkv._http import HttpAnswer, StartedPost
+from agentkv.http.asgi import JSON, Reply
+from agentkv.http.transport import HttpAnswer, HttpError, StartedPost
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
+from agentkv.retry import outage_cause
 from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, routing_headers_of, try_bytes
 
 __all__ = ["RECOVERABLE", "own_error", "relay"]
@@ -52,46 +51,55 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
     early = _presend(ctx, session, body, counted)
     try:
         attempt = await session.aprepare(counted)
-    except (ContextOverflowError, ValueError) as refusal:  # InvalidRequestError included
+    except BaseException as failure:  # refused, the client left (cancelled), or the Session failed: early abandoned
         if early is not None:
             early.cancel()
+        if not isinstance(failure, (ContextOverflowError, ValueError)):  # InvalidRequestError is a ValueError
+            raise
         ctx.metrics.rejections.labels("400").inc()
-        return own_error(400, str(refusal))
-    except BaseException:  # the client left (cancelled) or the Session failed: the early request is abandoned
-        if early is not None:
-            early.cancel()
-        raise
+        return own_error(400, str(failure))
     ctx.metrics.warm(attempt.warm)
+    tries = _Tries(ctx, body, early, started)
+    try:
+        # each try sent once: a gateway's clients retry on their own (the OpenAI SDK twice by default), so an outage
+        # fails over at once and a 429 or 5xx that is not an outage reaches the client
+        ended = await session.aturn(attempt, tries.send, streamed=tries.stream, retries=False)
+    finally:
+        tries.abandon()  # the turn never sent its first try (a handoff failed, the client left)
+    _count_moves(ctx, ended.attempt)
+    return _answer(ctx, session, ended, tries.stream, tries.headed - started)
 
-    headed = started  # when the last try's answer headers came (the latency histogram's end)
 
-    async def send(attempt: Attempt) -> tuple[HttpAnswer, bytes]:
+class _Tries:
+    """The tries of one relayed request: the first takes the early request when it is exactly what the Session
+    prepared; each answer's headers time the latency histogram (``headed``)."""
+
+    def __init__(self, ctx: GatewayContext, body: dict[str, Any], early: StartedPost | None, started: float) -> None:
+        self.ctx, self.body, self.early = ctx, body, early
+        self.stream = bool(body.get("stream"))
+        self.headed = started  # when the last try's answer headers came
+
+    async def send(self, attempt: Attempt) -> tuple[HttpAnswer, bytes]:
         """One try: the backend's answer, its body read whole unless it streams (a cut answer is an outage)."""
-        nonlocal early, headed
-        url, content = endpoint_url(attempt), try_bytes(body, attempt)
-        taken, early = early, None  # the early request serves the first try only
+        url, content = endpoint_url(attempt), try_bytes(self.body, attempt)
+        taken, self.early = self.early, None  # the early request serves the first try only
         if taken is not None and taken.url == url and taken.content == content:
             response = await taken.response()
         else:
             if taken is not None:
                 taken.cancel()
-                ctx.metrics.presend_discarded.inc()
-            response = await ctx.send(url, content, routing_headers_of(attempt))
-        headed = time.perf_counter()
+                self.ctx.metrics.presend_discarded.inc()
+            response = await self.ctx.send(url, content, routing_headers_of(attempt))
+        self.headed = time.perf_counter()
         if response.status_code >= 400:
             raise Rejected.of(response.status_code, await _read_closed(response))
-        return response, b"" if stream else await _read_closed(response)
+        return response, b"" if self.stream else await _read_closed(response)
 
-    stream = bool(body.get("stream"))
-    try:
-        # each try sent once: a gateway's clients retry on their own (the OpenAI SDK twice by default), so an outage
-        # fails over at once and a 429 or 5xx that is not an outage reaches the client
-        ended = await session.aturn(attempt, send, streamed=stream, retries=False)
-    finally:
-        if early is not None:  # the turn never sent its first try (a handoff failed, the client left)
-            early.cancel()
-    _count_moves(ctx, ended.attempt)
-    return _answer(ctx, session, ended, stream, headed - started)
+    def abandon(self) -> None:
+        """Cancel the early request if no try took it."""
+        if self.early is not None:
+            self.early.cancel()
+            self.early = None
 
 
 def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[HttpAnswer, bytes]], stream: bool,
@@ -104,7 +112,7 @@ def _answer(ctx: GatewayContext, session: Session, ended: TurnEnd[tuple[HttpAnsw
         if answer.status_code not in RECOVERABLE:
             ctx.metrics.observe(attempt.decision.role, waited_s)
         return _upstream_error(ctx, attempt, answer.status_code, answer.raw)
-    if isinstance(answer, httpx.HTTPError):
+    if isinstance(answer, HttpError) and answer.kind in ("outage", "timeout"):
         return _unreachable(ctx, attempt, answer)
     if isinstance(error, AnswerTooLarge):
         ctx.metrics.upstream_errors.labels(attempt.decision.role, "502").inc()
@@ -138,7 +146,7 @@ def _record(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> N
     """What the Session records of an answer (its usage); a failure is logged, never raised to the loop."""
     try:
         usage = answer.usage_chunk if isinstance(answer, UsageWatch) else _parsed(answer)
-        session.answered(attempt, usage, asynchronous=True)
+        session.answered(attempt, usage)
     except Exception as error:  # pragma: no cover - recording must never take a request down
         emit("gateway.record_failed", level="warning", error=type(error).__name__)
 
@@ -177,12 +185,13 @@ def _upstream_error(ctx: GatewayContext, attempt: Attempt, status: int, raw: byt
     return Reply(status, upstream_error_body(status, raw), route_headers(attempt.decision))
 
 
-def _unreachable(ctx: GatewayContext, attempt: Attempt, error: httpx.HTTPError) -> Reply:
+def _unreachable(ctx: GatewayContext, attempt: Attempt, error: HttpError) -> Reply:
     """No backend could be reached (or the last one timed out): 504 for a timeout, else 502."""
-    status = 504 if isinstance(error, httpx.TimeoutException) else 502
+    status = 504 if error.kind == "timeout" else 502
+    how = outage_cause(error) or error.kind
     ctx.metrics.upstream_errors.labels(attempt.decision.role, str(status)).inc()
-    emit("gateway.unreachable", level="warning", backend=attempt.decision.role, error=type(error).__name__)
-    return own_error(status, f"the {attempt.decision.role} backend could not be reached ({type(error).__name__})")
+    emit("gateway.unreachable", level="warning", backend=attempt.decision.role, error=how)
+    return own_error(status, f"the {attempt.decision.role} backend could not be reached ({how})")
 
 
 def _streamed(session: Session, attempt: Attempt, response: HttpAnswer) -> Reply:
@@ -204,6 +213,7 @@ async def _passed_through(attempt: Attempt, response: HttpAnswer, watch: UsageWa
         async for data in response.aiter_raw():
             watch.feed(data)
             yield data
-    except httpx.HTTPError as error:  # headers are sent: end with an error event, as vLLM's stream generators do
-        emit("gateway.stream_broken", level="warning", backend=attempt.decision.role, error=type(error).__name__)
-        yield b"data: " + error_body(502, f"the backend's stream broke ({type(error).__name__})") + b"\n\n"
+    except HttpError as error:  # headers are sent: end with an error event, as vLLM's stream generators do
+        how = outage_cause(error) or error.kind
+        emit("gateway.stream_broken", level="warning", backend=attempt.decision.role, error=how)
+        yield b"data: " + error_body(502, f"the backend's stream broke ({how})") + b"\n\n"

@@ -2,7 +2,7 @@
 
 :class:`Upstream` is an :class:`agentkv.HttpTransport` (the one HTTP seam): its raw POSTs (:meth:`Upstream.post`,
 :meth:`Upstream.start`, the relayed requests) are its own; its JSON calls (discovery, ``/tokenize``, warms) go to the
-:class:`~agentkv._http.HttpxTransport` it holds, so one object carries all of a gateway's HTTP.
+:class:`~agentkv.http.transport.HttpxTransport` it holds, so one object carries all of a gateway's HTTP.
 
 One POST of a JSON body per request, over keep-alive connections pooled per origin; the answer's headers are
 awaited, its body read whole (:meth:`UpstreamResponse.aread`) or passed on chunk by chunk as it arrives
@@ -11,11 +11,12 @@ awaited, its body read whole (:meth:`UpstreamResponse.aread`) or passed on chunk
 on each such request in auth, redirect, cookie and pool machinery; this one spends a tenth of that, which is
 most of what the gateway adds to a small request.
 
-Failures are raised as the httpx exceptions the rest of agentkv already reads (:func:`agentkv.retry.outage_cause`
-walks their cause to the socket error): :class:`httpx.ConnectError`/:class:`httpx.ConnectTimeout` before the
-request is sent, :class:`httpx.ReadTimeout` (no bytes for ``read_timeout_s``), :class:`httpx.RemoteProtocolError`
-(closed before or inside an answer, or an answer that does not parse). A write to a connection the backend closed
-is not an error of its own: the close arrives as the connection's loss, and is read as one of these.
+Failures are raised as the seam's one error, :class:`~agentkv.http.transport.HttpError`, caused by the socket error
+when there is one (:func:`agentkv.retry.outage_cause` reads both): ``kind="outage"`` when the connection cannot be made
+(``reason="unreachable"``, or "refused" from its cause) or is closed before or inside an answer, or the answer does
+not parse (``reason="dropped"``); ``kind="timeout"`` when connecting takes over ``connect_timeout_s``
+(``reason="unreachable"``) or no byte comes for ``read_timeout_s``. A write to a connection the backend closed is not
+an error of its own: the close arrives as the connection's loss, and is read as one of these.
 
 A connection is reused only while it is idle for less than ``keepalive_s`` (below uvicorn's 5 s, so a backend
 never closes one under a request) and has not been closed by the backend; a request whose reused connection
@@ -38,10 +39,9 @@ from collections.abc import AsyncIterator
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-import httpx
 import httptools
 
-from agentkv._http import HttpxTransport, redact_url
+from agentkv.http.transport import HttpError, HttpxTransport, redact_url
 from agentkv.errors import AnswerTooLarge
 
 __all__ = ["HIGH_WATER", "Started", "Upstream", "UpstreamResponse"]
@@ -70,33 +70,14 @@ class Upstream:
         self._open: set[_Connection] = set()
         self.opened = 0  # connections made, for tests and metrics
 
-    # JSON calls: the held httpx transport's (the relay's hot path is the raw POST below)
-    def get_json(self, url: str, *, timeout_s: float) -> Any:
-        return self.json.get_json(url, timeout_s=timeout_s)
+    # JSON requests: the held httpx transport's (the relay's hot path is the raw POST below)
+    def request(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                timeout_s: float, text: bool = False) -> Any:
+        return self.json.request(method, url, json=json, headers=headers, timeout_s=timeout_s, text=text)
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
-        return self.json.post_json(url, body, timeout_s=timeout_s, headers=headers)
-
-    def get_text(self, url: str, *, timeout_s: float) -> str:
-        return self.json.get_text(url, timeout_s=timeout_s)
-
-    async def aget_json(self, url: str, *, timeout_s: float) -> Any:
-        return await self.json.aget_json(url, timeout_s=timeout_s)
-
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
-                         headers: Mapping[str, str] | None = None) -> Any:
-        return await self.json.apost_json(url, body, timeout_s=timeout_s, headers=headers)
-
-    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
-                  headers: Mapping[str, str] | None = None) -> Any:
-        return self.json.call_json(method, url, body, timeout_s=timeout_s, headers=headers)
-
-    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
-                         headers: Mapping[str, str] | None = None) -> Any:
-        return await self.json.acall_json(method, url, body, timeout_s=timeout_s, headers=headers)
-
-    async def aget_text(self, url: str, *, timeout_s: float) -> str:
-        return await self.json.aget_text(url, timeout_s=timeout_s)
+    async def arequest(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                       timeout_s: float, text: bool = False) -> Any:
+        return await self.json.arequest(method, url, json=json, headers=headers, timeout_s=timeout_s, text=text)
 
     async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> UpstreamResponse:
         """POST ``content`` (JSON) to ``url`` with ``headers`` besides the gateway's own; returns once the answer's
@@ -122,14 +103,14 @@ class Upstream:
         try:
             return await connection.answer(connection.begin(_request(head, content, headers), self), self)
         except _ClosedBeforeAnswer as closed:
-            raise httpx.RemoteProtocolError("the backend closed the connection without an answer") from closed.cause
+            raise _dropped("the backend closed the connection without an answer", closed.cause) from closed.cause
 
     def _target(self, url: str) -> tuple[_Origin, bytes]:
         known = self._targets.get(url)
         if known is None:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise httpx.UnsupportedProtocol(f"not an http(s) URL: {redact_url(url)!r}")
+                raise HttpError(f"not an http(s) URL: {redact_url(url)!r}", kind="outage", reason="unreachable")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             host = parts.netloc.rsplit("@", 1)[-1]
@@ -158,9 +139,11 @@ class Upstream:
                                        server_hostname=host if context else None),
                 self.connect_timeout_s)
         except asyncio.TimeoutError as timeout:
-            raise httpx.ConnectTimeout(f"connecting to {host}:{port} took over {self.connect_timeout_s} s") from timeout
+            raise HttpError(f"connecting to {host}:{port} took over {self.connect_timeout_s} s", kind="timeout",
+                            reason="unreachable") from timeout
         except OSError as error:
-            raise httpx.ConnectError(f"cannot connect to {host}:{port} ({type(error).__name__})") from error
+            raise HttpError(f"cannot connect to {host}:{port} ({type(error).__name__})", kind="outage",
+                            reason="unreachable") from error
         self.opened += 1
         connection.owner = self
         self._open.add(connection)
@@ -308,7 +291,8 @@ class _Connection(asyncio.Protocol):
         return head
 
     async def answer(self, head: asyncio.Future[UpstreamResponse], client: Upstream) -> UpstreamResponse:
-        """The answer once its headers are in (:class:`httpx.ReadTimeout` after the client's read timeout)."""
+        """The answer once its headers are in (an :class:`HttpError` of kind "timeout" after the client's read
+        timeout)."""
         timer = asyncio.get_running_loop().call_later(client.read_timeout_s, self._timed_out, head)
         try:
             return await head
@@ -376,7 +360,7 @@ class _Connection(asyncio.Protocol):
 
     def _timed_out(self, waiting: asyncio.Future[Any]) -> None:
         if not waiting.done():
-            waiting.set_exception(httpx.ReadTimeout("the backend sent nothing for the read timeout"))
+            waiting.set_exception(HttpError("the backend sent nothing for the read timeout", kind="timeout"))
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -388,7 +372,7 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as bad:
-            self._fail(httpx.RemoteProtocolError(f"the backend's answer does not parse ({type(bad).__name__})"))
+            self._fail(_dropped(f"the backend's answer does not parse ({type(bad).__name__})", None))
             self.close()
             return
         if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
@@ -408,10 +392,10 @@ class _Connection(asyncio.Protocol):
             if not self._received:
                 head.set_exception(_ClosedBeforeAnswer(exc))
             else:
-                self._fail(_protocol_error("the backend closed the connection inside its answer's headers", exc))
+                self._fail(_dropped("the backend closed the connection inside its answer's headers", exc))
         elif not self._done:
             if self._framed:
-                self._fail(_protocol_error("the backend closed the connection inside its answer", exc))
+                self._fail(_dropped("the backend closed the connection inside its answer", exc))
             else:
                 self._done = True  # an answer delimited by the connection's close ends here
                 self._wake()
@@ -468,8 +452,9 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
 
-def _protocol_error(message: str, cause: BaseException | None) -> httpx.RemoteProtocolError:
-    error = httpx.RemoteProtocolError(message)
+def _dropped(message: str, cause: BaseException | None) -> HttpError:
+    """The connection closed without a whole answer, or the answer does not parse: an outage, caused by ``cause``."""
+    error = HttpError(message, kind="outage", reason="dropped")
     error.__cause__ = cause
     return error
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentkv._lazy import lazy_exports
+from agentkv._support.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentkv.handoff.cache import KVCache
     from agentkv.handoff.engines import HandoffResult
     from agentkv.handoff.engines import handoff_prefix
     from agentkv.handoff.escalation import Handoff
-    from agentkv.handoff.escalation import HandoffOutcome
+    from agentkv.handoff.escalation_plan import EscalatedRequest
+    from agentkv.handoff.escalation_plan import EscalationPlan
+    from agentkv.handoff.escalation_plan import HandoffOutcome
+    from agentkv.handoff.escalation_plan import plan_escalation
     from agentkv.handoff.errors import HandoffError
     from agentkv.handoff.errors import MapperFileError
     from agentkv.handoff.errors import NotMappableError
@@ -58,7 +61,10 @@ _LAZY = {
     "HandoffResult": "agentkv.handoff.engines",
     "handoff_prefix": "agentkv.handoff.engines",
     "Handoff": "agentkv.handoff.escalation",
-    "HandoffOutcome": "agentkv.handoff.escalation",
+    "EscalatedRequest": "agentkv.handoff.escalation_plan",
+    "EscalationPlan": "agentkv.handoff.escalation_plan",
+    "HandoffOutcome": "agentkv.handoff.escalation_plan",
+    "plan_escalation": "agentkv.handoff.escalation_plan",
     "HandoffError": "agentkv.handoff.errors",
     "MapperFileError": "agentkv.handoff.errors",
     "NotMappableError": "agentkv.handoff.errors",
@@ -92,6 +98,8 @@ __all__ = [
     "DEFAULT_MIN_ATTENTION_COSINE",
     "ENTRY_POINT_GROUP",
     "CalibrationConfig",
+    "EscalatedRequest",
+    "EscalationPlan",
     "Evaluation",
     "Handoff",
     "HandoffError",
@@ -119,6 +127,7 @@ __all__ = [
     "handoff_prefix",
     "load_mapper",
     "log_plan",
+    "plan_escalation",
     "register_mapper",
     "unregister_mapper",
 ]

@@ -18,7 +18,7 @@ only stop a call that will not fit (raising :class:`~agentkv.errors.ContextOverf
 names the slow backend); :class:`ChatAgentKV` (or the httpx transport of
 :mod:`agentkv.integrations.openai`) is the pattern that actually reroutes. The handler cannot add the
 tenant's ``cache_salt`` to the requests it observes: it warns once when a self-hosted call lacks it
-(fix: ``ChatOpenAI(..., extra_body={"cache_salt": session.cache_salt})``).
+(fix: ``ChatOpenAI(..., **session.request_extras("fast"))``).
 
 Use :class:`AgentKVCallbackHandler` with ``invoke`` and :class:`AsyncAgentKVCallbackHandler` with
 ``ainvoke``: LangChain swallows errors raised by an async handler under a sync ``invoke``, so
@@ -119,10 +119,11 @@ def _first_warning(session_id: str) -> bool:
 
 def salt_missing(invocation_params: Mapping[str, Any] | None, session: SessionLike) -> bool:
     """True when a call to a self-hosted fast backend will go out without the Session's ``cache_salt``."""
-    if session.cache_salt is None or not session.fast.api_base:
+    salt = session.request_extras("fast").get("extra_body", {}).get("cache_salt")
+    if salt is None or not session.fast.api_base:
         return False
     extra = (invocation_params or {}).get("extra_body") or {}
-    return not isinstance(extra, Mapping) or extra.get("cache_salt") != session.cache_salt
+    return not isinstance(extra, Mapping) or extra.get("cache_salt") != salt
 
 
 def refusal(observation: Observation, session: SessionLike) -> ContextOverflowError | None:
@@ -206,7 +207,7 @@ class _Accounting:
             session = session_of(self.session, conversation=thread_of(metadata), body=request, request=metadata)
             if salt_missing(params, session) and _first_warning(session.session_id):
                 emit("cache_salt_missing", level="warning", session=session.session_id,
-                     fix="ChatOpenAI(..., extra_body={'cache_salt': session.cache_salt})")
+                     fix="ChatOpenAI(..., **session.request_extras('fast'))")
             found.append((session, request))
         return found
 
@@ -412,7 +413,7 @@ class ChatAgentKV(BaseChatModel):
         session = self._session(request, run_manager)
         ended = await session.aturn(await session.aprepare(request), send, retries=False)
         result = ended.result()
-        session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output), asynchronous=True)
+        session.answered(ended.attempt, _usage(result.generations[0].message, result.llm_output))
         return result
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -451,7 +452,7 @@ class ChatAgentKV(BaseChatModel):
         async for chunk in chunks:
             usage = _usage(chunk.message, None) or usage
             yield chunk
-        session.answered(ended.attempt, usage, asynchronous=True)
+        session.answered(ended.attempt, usage)
 
 
 AgentKVRouter = ChatAgentKV  # the name before it became a real chat model

@@ -307,7 +307,7 @@ class AgentKVMiddleware(AgentMiddleware):  # type: ignore[misc]  # LangChain is 
 
         ended = await session.aturn(await session.aprepare(body), send, streamed=streams(request), retries=False)
         response = ended.result()
-        session.answered(ended.attempt, response_usage(response), asynchronous=True)
+        session.answered(ended.attempt, response_usage(response))
         return response
 
 

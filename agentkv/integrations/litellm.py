@@ -53,7 +53,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-import agentkv._env as _env
+import agentkv._support.env as _env
 from agentkv.backends import Backend
 from agentkv.conversations import session_of
 from agentkv.errors import AnswerTooLarge, ContextOverflowError, InvalidRequestError, PoolExhaustedError

@@ -249,7 +249,7 @@ class _AsyncStream(_Watched, httpx.AsyncByteStream):
 
 
 def _answered(session: "Session", request: httpx.Request, ended: TurnEnd[Sent], stream: bool,
-              asynchronous: bool) -> httpx.Response:
+              kind: type[_SyncStream] | type[_AsyncStream]) -> httpx.Response:
     """The answer handed to the caller's client: a stream wrapped to record its usage at its end, or the JSON answer
     recorded now and replayed; the turn's last word when it got no answer (:func:`_last_word`)."""
     if ended.error is not None:
@@ -257,10 +257,9 @@ def _answered(session: "Session", request: httpx.Request, ended: TurnEnd[Sent], 
     attempt, sent = ended.attempt, ended.result()
     response = sent.response
     if not stream:
-        session.answered(attempt, json_answer(response, sent.raw) or {}, asynchronous=asynchronous)
+        session.answered(attempt, json_answer(response, sent.raw) or {})
         return replayed(response, sent.raw)
-    kind = _AsyncStream if asynchronous else _SyncStream
-    wrapped = kind(sent, lambda usage: session.answered(attempt, usage, asynchronous=asynchronous),
+    wrapped = kind(sent, lambda usage: session.answered(attempt, usage),
                    attempt.backend.label)
     return httpx.Response(response.status_code, headers=response.headers, stream=wrapped,
                           extensions=response.extensions)
@@ -293,7 +292,7 @@ class AgentKVTransport(httpx.BaseTransport):
             return refused(error)
         stream = bool(body.get("stream"))
         ended = session.turn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream), streamed=stream)
-        return _answered(session, request, ended, stream, asynchronous=False)
+        return _answered(session, request, ended, stream, _SyncStream)
 
     def _outgoing(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
         return outgoing_request(request, body, attempt, pooled=self.session.fast.is_pool)
@@ -338,7 +337,7 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
         stream = bool(body.get("stream"))
         ended = await session.aturn(attempt, lambda a: self._once(self._outgoing(request, body, a), stream),
                                     streamed=stream)
-        return _answered(session, request, ended, stream, asynchronous=True)
+        return _answered(session, request, ended, stream, _AsyncStream)
 
     def _outgoing(self, request: httpx.Request, body: Mapping[str, Any], attempt: Attempt) -> httpx.Request:
         return outgoing_request(request, body, attempt, pooled=self.session.fast.is_pool)

@@ -12,7 +12,7 @@ conversations that each tenant may fill only its share of).
 See ``docs/replicas.md`` for the failure policy and the key layout.
 """
 
-from agentkv._lazy import lazy_exports
+from agentkv._support.lazy import lazy_exports
 from agentkv.state.ejections import DEFAULT_COOLOFF_S, Ejections, ejections_for
 from agentkv.state.memory import InProcessStore
 from agentkv.state.protocol import Lease, SharedWindow, StateStore, StateUnavailable, WarmClaim

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import agentkv._env as _env
-from agentkv._defaults import process_default, shared
+import agentkv._support.env as _env
+from agentkv._support.defaults import process_default, shared
 from agentkv.errors import ConfigurationError
 from agentkv.state.memory import InProcessStore
 from agentkv.state.protocol import StateStore

@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import Callable, Sequence
 
-from agentkv._http import redact_url
+from agentkv.http.transport import redact_url
 from agentkv.events import emit
 from agentkv.fleet.breaker import BreakerRule, Evidence, ReplicaRecord, Verdict
 from agentkv.state.protocol import StateStore, StateUnavailable

@@ -14,7 +14,7 @@ from typing import Callable
 
 from cachetools import TTLCache
 
-from agentkv._defaults import shared
+from agentkv._support.defaults import shared
 
 
 class CooldownMap:

@@ -31,7 +31,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-import agentkv._env as _env
+import agentkv._support.env as _env
 from agentkv.events import emit
 from agentkv.fleet.rendezvous import HOME_MAX_ACTIVE, HOME_TENANT_SHARE, first_up, store_id, tenant_cap
 from agentkv.state.memory import FORGET_PER_CALL, RecentHomes

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import importlib
 import json
 import os
 import threading
@@ -110,53 +111,62 @@ def guarded(fallback: T) -> Callable[[Callable[P, R]], Callable[P, R | T]]:
 
 
 _apis: dict[str, Any] = {}  # "trace", "metrics": the API modules (None: not installed), imported on first use
+# Per API: its provider's name (use()'s keyword, ``get_{name}`` the API's getter of the global one), and the classes
+# of the providers that record nothing (the proxy in place until an SDK sets one, and the no-op one).
+_PROVIDERS = {"trace": ("tracer_provider", {"ProxyTracerProvider", "NoOpTracerProvider"}),
+              "metrics": ("meter_provider", {"_ProxyMeterProvider", "NoOpMeterProvider"})}
+
+
+def _api(name: str) -> Any:
+    """The OpenTelemetry API module ``opentelemetry.{name}``, None when the API is not installed (an extra: no
+    OpenTelemetry, no spans)."""
+    try:
+        return _apis[name]
+    except KeyError:
+        try:
+            module: Any = importlib.import_module(f"opentelemetry.{name}")
+        except ImportError:
+            module = None
+        _apis[name] = module
+        return module
 
 
 def _trace_api() -> Any:
-    try:
-        return _apis["trace"]
-    except KeyError:
-        try:
-            from opentelemetry import trace
-        except ImportError:  # the API is an extra: no OpenTelemetry, no spans
-            trace = None  # type: ignore[assignment]
-        _apis["trace"] = trace
-        return trace
+    return _api("trace")
 
 
-def _metrics_api() -> Any:
-    try:
-        return _apis["metrics"]
-    except KeyError:
-        try:
-            from opentelemetry import metrics
-        except ImportError:
-            metrics = None  # type: ignore[assignment]
-        _apis["metrics"] = metrics
-        return metrics
+def _provider(name: str) -> Any | None:
+    """The provider in force for the API ``name`` ("trace", "metrics"): the one :func:`use` was given, else the
+    global one when it records anything (None: no API, or only its proxy or no-op provider)."""
+    kind, silent = _PROVIDERS[name]
+    provider = _override.get(kind)
+    if provider is not None:
+        return provider
+    api = _api(name)
+    if api is None:
+        return None
+    provider = getattr(api, f"get_{kind}")()
+    return None if any(cls.__name__ in silent for cls in type(provider).__mro__) else provider
 
 
-def _real(provider: Any, api: Any) -> bool:
-    """Whether ``provider`` records anything (not the API's proxy or no-op provider)."""
-    return not isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider))
+def _cached(key: str, make: Callable[[], T]) -> T:
+    """What ``make`` returns, made once per ``key`` (a provider's id) until :func:`use` sets providers."""
+    found = _cache.get(key)
+    if found is None:
+        with _lock:
+            found = _cache.get(key)
+            if found is None:
+                found = _cache[key] = make()
+    return found
 
 
 @guarded(None)
 def tracer() -> Any | None:
     """agentkv's tracer when an SDK is configured, else None (the caller then does nothing)."""
-    provider = _override.get("tracer_provider")
+    provider = _provider("trace")
     if provider is None:
-        api = _trace_api()
-        if api is None:
-            return None
-        provider = api.get_tracer_provider()
-        if not _real(provider, api):
-            return None
-    key = f"tracer-{id(provider)}"
-    found = _cache.get(key)
-    if found is None:
-        found = _cache[key] = provider.get_tracer(_SCOPE, _version())
-    return found
+        return None
+    return _cached(f"tracer-{id(provider)}", lambda: provider.get_tracer(_SCOPE, _version()))
 
 
 def _version() -> str | None:
@@ -185,22 +195,10 @@ class Instruments:
 @guarded(None)
 def instruments() -> Instruments | None:
     """agentkv's instruments when a meter provider with an SDK is configured, else None."""
-    provider = _override.get("meter_provider")
+    provider = _provider("metrics")
     if provider is None:
-        metrics = _metrics_api()
-        if metrics is None:
-            return None
-        provider = metrics.get_meter_provider()
-        if isinstance(provider, metrics.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider":
-            return None
-    key = f"meter-{id(provider)}"
-    found = _cache.get(key)
-    if found is None:
-        with _lock:
-            found = _cache.get(key)
-            if found is None:
-                found = _cache[key] = _made(provider.get_meter(_SCOPE))
-    return found
+        return None
+    return _cached(f"meter-{id(provider)}", lambda: _made(provider.get_meter(_SCOPE)))
 
 
 def _made(meter: Any) -> Instruments:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentkv._http import redact_url
+from agentkv.http.transport import redact_url
 from agentkv.telemetry.otel import (added, annotated, ended, event, guarded, instruments, link_to, messages_attribute,
                                     now, provider_attributes, recorded, span_in, tracer)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from agentkv._defaults import shared
+from agentkv._support.defaults import shared
 
 __all__ = ["CircuitBreaker", "shared_breaker"]
 

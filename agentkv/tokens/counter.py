@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from agentkv._http import HttpTransport
+from agentkv.http.transport import HttpTransport
 from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.tokens.bound import EstimateBound, shared_bound

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from agentkv._env import ensure_tiktoken_offline
+from agentkv._support.env import ensure_tiktoken_offline
 
 DEFAULT_ENCODING = "cl100k_base"
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentkv._build import built_once
+from agentkv._support.build import built_once
 
 __all__ = ["VLLM_VERSION", "default_venv", "ensure_venv", "venv_python"]
 

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agentkv._build import built_once
+from agentkv._support.build import built_once
 
 __all__ = ["CHAT_TEMPLATE", "SIZES", "TierModels", "ensure_models"]
 

@@ -16,14 +16,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
-import httpx
-
-from agentkv._build import built_once
-from agentkv.vllm_launch.server import _die_with_parent, free_port
+from agentkv._support.build import built_once
+from agentkv.vllm_launch.server import _die_with_parent, free_port, wait_until_ready
 
 __all__ = ["ROUTER_POLICIES", "ROUTER_VERSION", "RouterStartError", "VLLMRouter", "ensure_router"]
 
@@ -94,17 +91,11 @@ class VLLMRouter:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RouterStartError(f"vllm-router exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.root + "/health", timeout=2.0).status_code == 200 and \
-                        httpx.get(self.base_url + "/models", timeout=5.0).status_code == 200:
-                    return
-            time.sleep(0.3)
-        raise RouterStartError(f"vllm-router not ready after {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+        assert self.process is not None
+        checks = [(self.root + "/health", 2.0), (self.base_url + "/models", 5.0)]
+        failure = wait_until_ready(self.process, checks, timeout_s=self.start_timeout_s, interval_s=0.3)
+        if failure is not None:
+            raise RouterStartError(f"vllm-router {failure}:\n{self.log_tail()}")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process is None:

@@ -21,11 +21,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
-__all__ = ["VLLMServer", "VLLMStartError", "free_port", "kv_events_config", "start_all"]
+__all__ = ["VLLMServer", "VLLMStartError", "free_port", "kv_events_config", "start_all", "wait_until_ready"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -44,6 +44,25 @@ def free_port() -> int:
 def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], checks: Sequence[tuple[str, float]], *, timeout_s: float,
+                     interval_s: float, clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """Poll until every ``(url, request_timeout_s)`` of ``checks`` answers 200 (in order, each round), every
+    ``interval_s``: None once ready, else why not (``"exited with 1"``, ``"not ready after 300 s"``).
+
+    A started process (vLLM, the router) refuses connections while it boots: that is not an error, only waiting.
+    """
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        if process.poll() is not None:
+            return f"exited with {process.returncode}"
+        with contextlib.suppress(httpx.HTTPError):
+            if all(httpx.get(url, timeout=timeout).status_code == 200 for url, timeout in checks):
+                return None
+        sleep(interval_s)
+    return f"not ready after {timeout_s:.0f} s"
 
 
 class VLLMServer:
@@ -129,16 +148,11 @@ class VLLMServer:
         return self
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise VLLMStartError(f"vLLM exited with {self.process.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.root + "/health", timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.5)
-        raise VLLMStartError(f"vLLM not healthy after {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+        assert self.process is not None
+        failure = wait_until_ready(self.process, [(self.root + "/health", 2.0)], timeout_s=self.start_timeout_s,
+                                   interval_s=0.5)
+        if failure is not None:
+            raise VLLMStartError(f"vLLM {failure}:\n{self.log_tail()}")
 
     @property
     def alive(self) -> bool:

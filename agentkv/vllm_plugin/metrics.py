@@ -1,6 +1,6 @@
 """vLLM's prompt-token counters by source, read from ``/metrics`` text (what a handoff's caller checks).
 
-    by_source = prompt_tokens_by_source(http.get_text(root + "/metrics", timeout_s=5.0))
+    by_source = prompt_tokens_by_source(http.request("GET", root + "/metrics", timeout_s=5.0, text=True))
     by_source["external_kv_transfer"]      # prompt tokens whose KV a connector loaded, summed over engines
 """
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Sequence
 
 if TYPE_CHECKING:
-    from agentkv.costs import Prices
+    from agentkv.providers.prices import Prices
 
 __all__ = ["BreakEvenOutcome", "EscalationRate", "Forecast", "TurnSample", "decide_break_even", "forecast_escalation",
            "since_last_shrink", "warm_premium"]

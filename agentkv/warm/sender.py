@@ -12,20 +12,16 @@ never waits on one. Context variables are copied into the worker (a thread does 
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextvars
 import numbers
-import queue
-import threading
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from agentkv._defaults import process_default
-from agentkv._http import HttpTransport, redact_url
+from agentkv._support.jobs import BackgroundJobs
+from agentkv.http.transport import HttpTransport, redact_url
 from agentkv.errors import ConfigurationError
 from agentkv.backends import Backend
-from agentkv.costs import account
+from agentkv.providers import account
 from agentkv.retry import is_outage, replica_evidence
 from agentkv.events import emit
 from agentkv.stats import SessionStats
@@ -41,7 +37,7 @@ from agentkv.warm.events import SENDS, EventOutcome
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
 from agentkv.wire.usage import report_rejected, response_usage
 
-__all__ = ["AsyncTasks", "BackgroundJobs", "DaemonPool", "WarmAhead", "default_pool"]
+__all__ = ["WarmAhead"]
 
 _COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even",
                   "below_cache_minimum", "cost")
@@ -69,97 +65,6 @@ def _checked_clock(clock: Callable[[], float]) -> Callable[[], float]:
 def event_namespace(tenant: str | None) -> str:
     """The namespace of a tenant's re-warm and top-up claims (a tenant named ``acme#event`` cannot reach acme's)."""
     return f"{tenant or ''}{_EVENT_SEP}event"
-
-
-class DaemonPool:
-    """A small pool of daemon worker threads that run jobs in the submitter's copied context."""
-
-    def __init__(self, workers: int = 4, name: str = "agentkv-warm") -> None:
-        self._jobs: queue.SimpleQueue[tuple[contextvars.Context, _Job]] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
-        for thread in self._threads:
-            thread.start()
-
-    def submit(self, job: _Job) -> None:
-        """Queue ``job`` to run in a copy of the current context."""
-        self._jobs.put((contextvars.copy_context(), job))
-
-    def _work(self) -> None:
-        while True:
-            context, job = self._jobs.get()
-            try:
-                context.run(job)
-            except BaseException as exc:  # a worker must survive anything a job does
-                emit("warm_worker_error", level="error", error=type(exc).__name__)
-
-
-default_pool = process_default(DaemonPool, "The process-wide pool of background worker threads.")
-
-
-class AsyncTasks:
-    """Holds references to background tasks so they are not garbage-collected mid-flight."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    def spawn(self, work: Awaitable[Any], timeout_s: float) -> asyncio.Task[Any]:
-        """Start ``work`` as a task bounded by ``timeout_s``; its errors go to its own handler."""
-        task = asyncio.get_running_loop().create_task(asyncio.wait_for(work, timeout_s))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def wait(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for the tasks in flight (tests and benchmarks use it)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
-
-    @property
-    def pending(self) -> bool:
-        """Whether a task is still in flight."""
-        return any(not task.done() for task in self._tasks)
-
-
-class BackgroundJobs:
-    """One owner's background work: jobs on the shared daemon pool and tasks on the running loop."""
-
-    def __init__(self) -> None:
-        self._threads: list[threading.Event] = []
-        self._tasks = AsyncTasks()
-
-    def thread(self, job: _Job) -> None:
-        """Run ``job`` on the process's daemon pool; :meth:`drain` can wait for it."""
-        done = threading.Event()
-        self._threads = [e for e in self._threads if not e.is_set()] + [done]
-
-        def run() -> None:
-            try:
-                job()
-            finally:
-                done.set()
-
-        default_pool().submit(run)
-
-    def task(self, work: Awaitable[Any], timeout_s: float) -> None:
-        """Run ``work`` as a task on the running loop, bounded by ``timeout_s``."""
-        self._tasks.spawn(work, timeout_s)
-
-    def drain(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for threaded jobs, and the jobs they queued (a health check's re-warm); True when
-        none is left in flight."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = [event for event in list(self._threads) if not event.is_set()]
-            if not left:
-                return True
-            if not all(event.wait(max(0.0, deadline - time.monotonic())) for event in left):
-                return False
-
-    async def adrain(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for tasks, and the tasks they started."""
-        deadline = time.monotonic() + timeout_s
-        while self._tasks.pending and time.monotonic() < deadline:
-            await self._tasks.wait(max(0.0, deadline - time.monotonic()))
 
 
 class WarmAhead:
@@ -341,13 +246,13 @@ class WarmAhead:
     def post(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None,
              trace: WarmTrace | None = None) -> None:
         """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the HTTP seam on a daemon worker thread."""
-        self._on_thread(self._traced(lambda: http.post_json(url, body, timeout_s=self.policy.timeout_s, headers=headers),
-                                     trace))
+        self._on_thread(self._traced(lambda: http.request("POST", url, json=body, timeout_s=self.policy.timeout_s,
+                                                          headers=headers), trace))
 
     def apost(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None,
               trace: WarmTrace | None = None) -> None:
         """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the async HTTP seam, as a task."""
-        self._as_task(self._atraced(lambda: http.apost_json(url, body, timeout_s=self.policy.timeout_s,
+        self._as_task(self._atraced(lambda: http.arequest("POST", url, json=body, timeout_s=self.policy.timeout_s,
                                                             headers=headers), trace))
 
     def _kept(self, span: Any) -> None:

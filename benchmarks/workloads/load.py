@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from agentkv._build import built_once
+from agentkv._support.build import built_once
 
 from . import agentdojo_build
 from .agentdojo_build import AGENTDOJO_VERSION, SCHEMA, BuildParams
@@ -185,7 +185,7 @@ def _check_requests(name: str, messages: Sequence[Mapping[str, Any]], requests: 
 def token_profile(conversations: Sequence[Conversation], encoding: str = "cl100k_base") -> list[tuple[int, int]]:
     """Tokens at each conversation's first and last request, as the embedded engine renders them (exact: agentkv's
     ChatML template with the tools, ``encoding``), one pair per conversation."""
-    from agentkv._env import ensure_tiktoken_offline
+    from agentkv._support.env import ensure_tiktoken_offline
     from agentkv.tokens import TemplateSource
     from agentkv.tokens.payload import Payload
 

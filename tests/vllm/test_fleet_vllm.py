@@ -165,7 +165,7 @@ def test_a_replica_killed_mid_conversation_loses_no_turn(vllm_fast, replicas):
             s.completion(messages=histories[i][turn[i]], tools=TOOLS8, max_tokens=2)
             s.drain_warms(60)
             turn[i] += 1
-    moved = [i for i, s in enumerate(sessions) if s.last_facts.homes["slow"] == victim.root + "/v1"]
+    moved = [i for i, s in enumerate(sessions) if s._parts.last_facts.homes["slow"] == victim.root + "/v1"]
     assert moved, "no conversation was homed on the victim"
     victim.kill()
     lost, rewarms = 0, {}

@@ -144,7 +144,7 @@ def test_a_sessions_ledger_agrees_with_the_servers_metrics_warms_included(vllm_f
         assert ledger.backends == [slow.label]
         s = Session(fast, slow, tenant="ledger-tier", cache_salt_secret="ledger-tier-secret", count_exactly=True,
                     warm_ahead=WarmAheadPolicy(), discovery=WindowDiscovery(), cooldowns=CooldownMap(),
-                    in_flight=InFlightLimit(4), ledger=ledger)
+                    in_flight=InFlightLimit(4), cache_ledger=ledger)
         assert ledger.cross_check(slow) is None  # opens the window
         # about 1,280 tokens (over 60% of fast's 2,048: the warm fires at once), then about 290 more a turn
         messages, roles = conversation(uuid.uuid4().hex, sentences=62), []

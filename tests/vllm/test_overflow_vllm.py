@@ -22,7 +22,7 @@ SENTENCE = "the quick brown fox jumps over the lazy dog. "  # about 21 tokens on
 
 
 def _litellm():
-    from agentkv._env import import_litellm
+    from agentkv._support.env import import_litellm
 
     litellm = import_litellm()
     litellm.suppress_debug_info = True

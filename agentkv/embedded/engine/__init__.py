@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentkv._lazy import lazy_exports
+from agentkv._support.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from agentkv.embedded.engine.local_engine import Delta, EngineStats, Generation, LocalEngine

@@ -7,7 +7,7 @@ holding back a trailing partial UTF-8 character until it completes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Sequence
+from typing import TYPE_CHECKING, Collection
 
 from agentkv.embedded.engine.sampling import SamplingParams, TokenLogprob
 
@@ -152,8 +152,3 @@ class Detokenizer:
         delta = text[len(self.emitted) :]  # earlier text never changes once it has no trailing U+FFFD
         self.emitted = text
         return delta
-
-
-def visible_text(codec: Codec, ids: Sequence[int], skip: Collection[int]) -> str:
-    """The full text of ``ids`` without the ``skip`` ids."""
-    return codec.decode([i for i in ids if i not in skip])

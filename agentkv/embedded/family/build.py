@@ -82,7 +82,7 @@ def _with_seed(recipe: Recipe, seed: int) -> Recipe:
 
 def family_root(recipe: Recipe) -> Path:
     """``$AGENTKV_CACHE_DIR/family/<recipe key>`` (default ``~/.cache/agentkv/family/...``)."""
-    from agentkv._env import cache_dir
+    from agentkv._support.env import cache_dir
 
     return cache_dir() / "family" / recipe.key()
 

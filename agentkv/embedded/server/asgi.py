@@ -1,10 +1,12 @@
-"""The ASGI app: Starlette, as vLLM serves, with one catch-all route handing every request to :func:`routes.handle`.
+"""The ASGI app, on plain ASGI: every request is handed to :func:`routes.handle` and its answer written.
 
-The body is read within bounds (:mod:`agentkv.embedded.server.bounds`): a ``Content-Length`` over the limit is
-answered 413 before anything is read, a streamed body as soon as it passes the limit, and a body not complete
-within the client timeout 408. Parsing and planning run in the server's parse pool, generation in its generation
-pool; a client that disconnects has its request aborted (the engine stops it at its next step and frees its KV).
-Every answer carries ``X-Request-Id`` (echoed, or generated).
+The body is read within bounds by :class:`agentkv.http.asgi.BodyLimit` (the gateway's own limit): a
+``Content-Length`` over the limit is answered 413 before anything is read, a streamed body as soon as it passes the
+limit, and a body not complete within the client timeout 408. Parsing and planning run in the server's parse pool,
+generation in its generation pool; the answer is an :class:`agentkv.http.asgi.Reply`, served by
+:func:`agentkv.http.asgi.serve_exchange`, whose watcher cancels the request's task when its client disconnects: the
+request is then aborted (the engine stops it at its next step and frees its KV). Every answer carries
+``X-Request-Id`` (echoed, or generated).
 
 Usage::
 
@@ -16,15 +18,17 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
 from agentkv.events import emit
 from agentkv.embedded.engine.limits import error_body
 from agentkv.embedded.server import protocol, routes
-from agentkv.embedded.server.bounds import declared_too_large, http_error
+from agentkv.embedded.server.bounds import http_error
 from agentkv.embedded.server.served import Served
 from agentkv.backends import redact_secrets
+from agentkv.http.asgi import BodyLimit, Receive, Reply, Send, header, serve_exchange
 
 __all__ = ["Hosting", "app"]
 
@@ -47,81 +51,71 @@ class Hosting(Served, Protocol):
     def client_timeout_s(self) -> float: ...
 
 
-class _TooLarge(Exception):
-    """The body passed the limit while it was read."""
-
-
-async def _read_body(request: Any, limit: int) -> bytes:
-    """The whole body, refusing (``_TooLarge``) as soon as more than ``limit`` bytes have arrived."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def app(served: Hosting) -> Any:
-    """The ASGI app: one catch-all route that hands the request to :func:`routes.handle`, plus X-Request-Id."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response, StreamingResponse
-    from starlette.routing import Route
+    """The ASGI app: each request's body within bounds, its answer from :func:`routes.handle`, plus X-Request-Id."""
 
-    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+    def refuse(scope: Any, status: int) -> Reply:
+        """An HTTP-level error (413, 408); the connection is closed (its unread body cannot be skipped)."""
+        emit("local.request.refused", level="warning", path=scope["path"], status=status)
+        message = (f"The request body is larger than the server's limit of {served.max_body_bytes} bytes."
+                   if status == 413 else
+                   f"The request body was not received within {served.client_timeout_s:g} s.")
+        return Reply(status, json.dumps(http_error(status, message)).encode(), {"connection": "close"})
 
-    def refuse(path: str, status: int, message: str) -> Response:
-        """An HTTP-level error; the connection is closed (its unread body cannot be skipped)."""
-        emit("local.request.refused", level="warning", path=path, status=status)
-        body = json.dumps(http_error(status, message)).encode()
-        return Response(body, status_code=status, media_type="application/json", headers={"connection": "close"})
+    async def endpoint(scope: Any, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the server runs without lifespan events, and serves no websocket
+            return
+        raw = (await receive())["body"]  # whole: BodyLimit has read it
+        if await serve_exchange(receive, send, _answer(served, scope, raw)) is None:
+            emit("local.request.disconnected", path=scope["path"])
 
-    async def endpoint(request: Request) -> Response:
-        path, limit = request.url.path, served.max_body_bytes
-        too_large = f"The request body is larger than the server's limit of {limit} bytes."
-        if declared_too_large(request.headers.get("content-length"), limit):
-            return refuse(path, 413, too_large)
-        try:
-            raw = await asyncio.wait_for(_read_body(request, limit), served.client_timeout_s)
-        except _TooLarge:
-            return refuse(path, 413, too_large)
-        except asyncio.TimeoutError:
-            return refuse(path, 408, f"The request body was not received within {served.client_timeout_s:g} s.")
-        loop = asyncio.get_running_loop()
-        content_type = request.headers.get("content-type", "") if raw or request.method == "POST" else None
-        logged = redact_secrets(dict(request.headers)) if served.logs_requests else None  # never a credential
-        reply = await loop.run_in_executor(served.parse_pool, routes.handle, served, request.method,
-                                           request.url.path, raw, content_type, logged)
-        headers = {"x-request-id": request.headers.get("x-request-id") or uuid.uuid4().hex}
-        if reply.events is not None:
-            return StreamingResponse(_relay(served, reply, request), status_code=reply.status,
-                                     media_type=reply.content_type, headers={**headers, "cache-control": "no-cache"})
-        if reply.work is not None:
-            await _finish_unless_gone(served, reply, request)
-        return Response(reply.payload(), status_code=reply.status, media_type=reply.content_type, headers=headers)
-
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
+    return BodyLimit(endpoint, served.max_body_bytes, refuse, timeout_s=served.client_timeout_s)
 
 
-async def _finish_unless_gone(served: Hosting, reply: routes.Reply, request: Any) -> None:
-    """Run the reply's deferred work in a worker thread; if the client disconnects meanwhile, abort it."""
+async def _answer(served: Hosting, scope: Any, raw: bytes) -> Reply:
+    """The route's answer as a :class:`Reply`: whole (a deferred one generated in the pool first) or streamed."""
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(served.pool, reply.finish)
+    method, path = scope["method"], scope["path"]
+    content_type = (header(scope, b"content-type") or "") if raw or method == "POST" else None
+    logged = redact_secrets(_headers(scope)) if served.logs_requests else None  # never a credential
+    answer = await loop.run_in_executor(served.parse_pool, routes.handle, served, method, path, raw, content_type,
+                                        logged)
+    headers = {"x-request-id": header(scope, b"x-request-id") or uuid.uuid4().hex}
+    if answer.events is not None:
+        return Reply(answer.status, headers={**headers, "cache-control": "no-cache"},
+                     content_type=_media(answer.content_type), chunks=_relay(served, answer),
+                     finish=answer.abort.set)  # a no-op once the stream has ended; stops it when the client left
+    if answer.work is not None:
+        await _finished(served, answer)
+    return Reply(answer.status, answer.payload(), headers, _media(answer.content_type))
+
+
+def _headers(scope: Any) -> dict[str, str]:
+    """The request's headers as text (the first one when a name repeats)."""
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(bytes(name).decode("latin-1"), bytes(value).decode("latin-1"))
+    return headers
+
+
+def _media(content_type: str) -> str:
+    """The content type as Starlette (and so vLLM's FastAPI) writes it: a ``text/*`` type names its charset."""
+    return f"{content_type}; charset=utf-8" if content_type.startswith("text/") and "charset=" not in content_type \
+        else content_type
+
+
+async def _finished(served: Hosting, answer: routes.RouteAnswer) -> None:
+    """Run the answer's deferred work in a worker thread; if the client disconnects meanwhile (this task cancelled),
+    abort it."""
     try:
-        while not work.done():
-            await asyncio.wait({work}, timeout=0.05)
-            if not work.done() and await request.is_disconnected():
-                reply.abort.set()
-                emit("local.request.disconnected", path=request.url.path)
-        await work
-    finally:
-        if not work.done():  # cancelled (the server is stopping): stop the generation too
-            reply.abort.set()
+        await asyncio.get_running_loop().run_in_executor(served.pool, answer.finish)
+    except asyncio.CancelledError:  # the client left, or the server is stopping: stop the generation too
+        answer.abort.set()
+        raise
 
 
-async def _relay(served: Hosting, reply: routes.Reply, request: Any) -> Any:
-    """Iterate the reply's SSE events in a worker thread and pass them on; on disconnect, abort the request.
+async def _relay(served: Hosting, answer: routes.RouteAnswer) -> AsyncIterator[bytes]:
+    """Iterate the answer's SSE events in a worker thread and pass them on; on disconnect, abort the request.
 
     The worker keeps draining after an abort, so the engine ends the request (and frees its KV) at its next
     step even though nobody reads the rest.
@@ -129,8 +123,8 @@ async def _relay(served: Hosting, reply: routes.Reply, request: Any) -> Any:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     done = object()
-    assert reply.events is not None
-    events = reply.events
+    assert answer.events is not None
+    events = answer.events
 
     def pump() -> None:
         try:
@@ -155,4 +149,4 @@ async def _relay(served: Hosting, reply: routes.Reply, request: Any) -> Any:
                 return
             yield item
     finally:
-        reply.abort.set()  # a no-op once the stream has ended; stops the request when the client left early
+        answer.abort.set()  # a no-op once the stream has ended; stops the request when the client left early

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Iterator, Sequence
 
 from agentkv.embedded.engine import Delta, Generation
 from agentkv.embedded.engine.codec import ChatRequest
@@ -79,8 +79,8 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> ChatPlan:
     engine = served.engine
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
     tool_list = [t.model_dump(exclude_none=True) for t in request.tools or []] or None
-    tool_choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") \
-        else request.tool_choice
+    choice = request.tool_choice
+    tool_choice = choice if choice is None or isinstance(choice, str) else choice.model_dump()
     requested, param = request.output_budget()
     refuse(output_over_window(requested, served.max_model_len, param))
     if not messages:
@@ -100,7 +100,8 @@ def plan_chat(served: Served, request: ChatCompletionRequest) -> ChatPlan:
     base = sampling_params(request, max_tokens=max_tokens, vocab_size=engine.vocab_size,
                            max_logprobs=served.options.max_logprobs, logprobs=logprobs,
                            prompt_logprobs=prompt_logprobs, grammar=compile_constraint(served, spec or forced))
-    params = [replace(base, seed=base.seed + i, prompt_logprobs=prompt_logprobs if i == 0 else None)
+    seed = base.seed if base.seed is not None else 0  # sampling_params always draws one
+    params = [replace(base, seed=seed + i, prompt_logprobs=prompt_logprobs if i == 0 else None)
               for i in range(request.n or 1)]
     options = request.stream_options
     return ChatPlan(protocol.Ids(served.model_id), tokens, params, max_tokens, request.cache_salt, tool_list,
@@ -204,15 +205,15 @@ class _Choice:
             if self.plan.tool_mode == "required":
                 return []
             safe = self._safe_end()
-            out = self.text[self.sent:safe]
+            part = self.text[self.sent:safe]
             self.sent = max(self.sent, safe)
-            return [({"content": out}, logprobs, None, None)] if out else []
+            return [({"content": part}, logprobs, None, None)] if part else []
         content, calls = tools.tool_calls_from_output(self.text, self.plan.tools, self.plan.tool_choice,
                                                       finish or "stop")
         if not calls:
             rest = self.text[self.sent:]
             return [({"content": rest}, logprobs, finish, stop)]
-        out = []
+        out: list[Any] = []
         lead = (content or "")[self.sent:] if self.plan.tool_mode == "parse" else ""
         if lead:
             out.append(({"content": lead}, None, None, None))
@@ -242,50 +243,69 @@ def chat_events(served: Served, plan: ChatPlan, abort: threading.Event) -> Itera
     streams = [engine.stream(plan.tokens, params=p, cache_salt=plan.cache_salt, abort=abort) for p in plan.params]
     try:
         firsts = [next(s) for s in streams]
-        ids, text_of = plan.ids, token_text(served, plan.tokens_as_ids)
-        choices = [_Choice(i, plan, text_of) for i in range(plan.n)]
-        cached = 0
-
-        def usage_now(tokens: int) -> dict[str, Any] | None:
-            """Per-chunk usage (``continuous_usage_stats``): this choice's tokens so far."""
-            return _usage(plan, tokens, cached) if plan.continuous_usage else None
-
-        for i in range(plan.n):
-            first = protocol.chat_chunk(ids, i, {"role": "assistant", "content": ""}, usage_=usage_now(0),
-                                        first=True)
-            if plan.token_ids and i == 0:
-                first["prompt_token_ids"] = list(plan.tokens)
-            yield protocol.sse(first)
-            if plan.echo:
-                yield protocol.sse(protocol.chat_chunk(ids, i, {"content": plan.echo}, usage_=usage_now(0)))
-        queues: list[Iterator[Delta | Generation]] = [_chain(f, s) for f, s in zip(firsts, streams)]
-        active = list(range(plan.n))
-        results: dict[int, Generation] = {}
-        while active:
-            for i in list(active):
-                item = next(queues[i])
-                if isinstance(item, Generation):
-                    results[i] = item
-                    cached = results.get(0, item).cached_tokens
-                    active.remove(i)
-                for delta, logprobs, finish, stop, token_ids in choices[i].feed(item):
-                    terminal = finish is not None and not plan.include_usage
-                    chunk = protocol.chat_chunk(ids, i, delta, finish_reason=finish, stop_reason=stop,
-                                                system_fingerprint=plan.fingerprint if terminal else None,
-                                                logprobs=logprobs, usage_=usage_now(choices[i].tokens))
-                    if plan.token_ids:
-                        chunk["choices"][0]["token_ids"] = token_ids
-                    yield protocol.sse(chunk)
+        yield from _opening_chunks(plan)
+        queues = [_chain(f, s) for f, s in zip(firsts, streams)]
+        results = yield from _content_chunks(plan, queues, token_text(served, plan.tokens_as_ids))
         if plan.include_usage:
             total = sum(r.completion_tokens for r in results.values())
-            yield protocol.sse(protocol.usage_chunk(ids, _usage(plan, total, results[0].cached_tokens),
+            yield protocol.sse(protocol.usage_chunk(plan.ids, _usage(plan, total, results[0].cached_tokens),
                                                     system_fingerprint=plan.fingerprint))
         yield protocol.sse("[DONE]")
     finally:
-        for stream in streams:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+        _close(streams)
+
+
+def _opening_chunks(plan: ChatPlan) -> Iterator[bytes]:
+    """Each choice's role chunk (the first with the prompt's token ids when asked), then its echo."""
+    usage = _usage(plan, 0, 0) if plan.continuous_usage else None
+    for i in range(plan.n):
+        first = protocol.chat_chunk(plan.ids, i, {"role": "assistant", "content": ""}, usage_=usage, first=True)
+        if plan.token_ids and i == 0:
+            first["prompt_token_ids"] = list(plan.tokens)
+        yield protocol.sse(first)
+        if plan.echo:
+            yield protocol.sse(protocol.chat_chunk(plan.ids, i, {"content": plan.echo}, usage_=usage))
+
+
+def _content_chunks(plan: ChatPlan, queues: list[Iterator[Delta | Generation]],
+                    text_of: protocol.TokenText) -> Generator[bytes, None, dict[int, Generation]]:
+    """The choices' content chunks, the choices advancing in turn; returns each choice's :class:`Generation`."""
+    choices = [_Choice(i, plan, text_of) for i in range(plan.n)]
+    active = list(range(plan.n))
+    results: dict[int, Generation] = {}
+    cached = 0
+    while active:
+        for i in list(active):
+            item = next(queues[i])
+            if isinstance(item, Generation):
+                results[i] = item
+                cached = results.get(0, item).cached_tokens
+                active.remove(i)
+            for released in choices[i].feed(item):
+                yield _content_chunk(plan, i, released, choices[i].tokens, cached)
+    return results
+
+
+def _content_chunk(plan: ChatPlan, index: int, released: tuple[dict[str, Any], dict[str, Any] | None, Any, Any,
+                                                               list[int]], tokens: int, cached: int) -> bytes:
+    """One chunk of choice ``index``: what :meth:`_Choice.feed` released, with per-chunk usage
+    (``continuous_usage_stats``: this choice's ``tokens`` so far) and the fingerprint on a last chunk."""
+    delta, logprobs, finish, stop, token_ids = released
+    terminal = finish is not None and not plan.include_usage
+    chunk = protocol.chat_chunk(plan.ids, index, delta, finish_reason=finish, stop_reason=stop,
+                                system_fingerprint=plan.fingerprint if terminal else None, logprobs=logprobs,
+                                usage_=_usage(plan, tokens, cached) if plan.continuous_usage else None)
+    if plan.token_ids:
+        chunk["choices"][0]["token_ids"] = token_ids
+    return protocol.sse(chunk)
+
+
+def _close(streams: list[Iterator[Delta | Generation]]) -> None:
+    """Close each of the engine's streams that can be closed (the request stops with its stream)."""
+    for stream in streams:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
 
 
 def _chain(first: Delta | Generation, rest: Iterator[Delta | Generation]) -> Iterator[Delta | Generation]:

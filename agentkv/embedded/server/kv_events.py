@@ -33,7 +33,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, fields
 from itertools import count
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 import msgspec
 import zmq
@@ -153,12 +153,6 @@ def to_vllm_events(events: Sequence[CacheEvent], block_size: int) -> list[BlockS
 
 
 # --- publishers -------------------------------------------------------------------------------------
-
-
-class EventPublisher(Protocol):
-    def publish(self, batch: EventBatch) -> None: ...
-    def publish_cache_events(self, events: list[CacheEvent]) -> None: ...
-    def shutdown(self) -> None: ...
 
 
 class NullEventPublisher:

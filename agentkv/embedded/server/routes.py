@@ -1,11 +1,12 @@
-"""What each endpoint of the local server does, independent of sockets: a request in, a :class:`Reply` out.
+"""What each endpoint of the local server does, independent of sockets: a request in, a :class:`RouteAnswer` out.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (JSON or SSE),
 ``POST /invocations``, ``POST /tokenize`` and ``/detokenize``, ``GET /metrics``, ``/health``, ``/ping``,
 ``/version``, ``/load``, ``/tokenizer_info``. Errors use vLLM's JSON; unknown paths answer as FastAPI does.
 
-A generating reply is deferred: :attr:`Reply.work` (a whole response) or :attr:`Reply.events` (SSE) run in a
-worker thread of the socket layer, which sets :attr:`Reply.abort` when the client goes away; the engine then
+A generating answer is deferred: :attr:`RouteAnswer.work` (a whole response) or :attr:`RouteAnswer.events` (SSE)
+run in a worker thread of the socket layer (:mod:`agentkv.embedded.server.asgi`, which writes it as an
+:class:`agentkv.http.asgi.Reply`), which sets :attr:`RouteAnswer.abort` when the client goes away; the engine then
 stops the request at its next step and frees its KV.
 """
 
@@ -30,8 +31,9 @@ from agentkv.embedded.server.validation import check_token_ids
 
 
 @dataclass
-class Reply:
-    """An HTTP answer: a JSON ``body``, plain ``text``, deferred ``work`` giving a body, or SSE ``events``."""
+class RouteAnswer:
+    """What a route answers, before it is encoded: its status and a JSON ``body``, plain ``text``, deferred ``work``
+    giving a body, or SSE ``events``; ``abort`` is set when the client goes away."""
 
     status: int = 200
     body: Any = None
@@ -41,7 +43,7 @@ class Reply:
     work: Callable[[], Any] | None = None
     abort: threading.Event = field(default_factory=threading.Event)
 
-    def finish(self) -> Reply:
+    def finish(self) -> RouteAnswer:
         """Run deferred ``work`` (in the caller's thread) into ``body``; errors become their JSON."""
         if self.work is not None:
             work, self.work = self.work, None
@@ -67,14 +69,14 @@ def _check_model(served: Served, model: str | None) -> None:
         raise protocol.model_not_found(model, served.model_id)
 
 
-def list_models(served: Served, body: Any, reply: Reply) -> Reply:
+def list_models(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``GET /v1/models``: the one served model and its window."""
     reply.body = protocol.models_list(served.model_id, served.root, served.max_model_len, served.created)
     return reply
 
 
-def _deliver(served: Served, plan: Any, reply: Reply, stream: bool, events: Callable[..., Iterator[bytes]],
-             whole: Callable[..., Any]) -> Reply:
+def _deliver(served: Served, plan: Any, reply: RouteAnswer, stream: bool, events: Callable[..., Iterator[bytes]],
+             whole: Callable[..., Any]) -> RouteAnswer:
     served.observe_params(plan.n, plan.max_tokens)
     if stream:
         reply.content_type = "text/event-stream"
@@ -84,7 +86,7 @@ def _deliver(served: Served, plan: Any, reply: Reply, stream: bool, events: Call
     return reply
 
 
-def chat_completions(served: Served, body: Any, reply: Reply) -> Reply:
+def chat_completions(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``POST /v1/chat/completions``: validate like vLLM, then answer in one piece or as SSE."""
     request = parse(ChatCompletionRequest, body)
     _check_model(served, request.model)
@@ -92,7 +94,7 @@ def chat_completions(served: Served, body: Any, reply: Reply) -> Reply:
     return _deliver(served, plan, reply, bool(request.stream), chat_events, chat_whole)
 
 
-def completions(served: Served, body: Any, reply: Reply) -> Reply:
+def completions(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``POST /v1/completions``: prompts (text or ids), ``echo``, logprobs, ``n``."""
     request = parse(CompletionRequest, body)
     _check_model(served, request.model)
@@ -100,7 +102,7 @@ def completions(served: Served, body: Any, reply: Reply) -> Reply:
     return _deliver(served, plan, reply, bool(request.stream), completion_events, completion_whole)
 
 
-def invocations(served: Served, body: Any, reply: Reply) -> Reply:
+def invocations(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``POST /invocations`` (SageMaker): a chat body goes to chat, a prompt body to completions."""
     if isinstance(body, dict) and "messages" in body:
         return chat_completions(served, body, reply)
@@ -109,7 +111,7 @@ def invocations(served: Served, body: Any, reply: Reply) -> Reply:
     raise RequestError("Cannot determine the request type: send `messages` (chat) or `prompt` (completions).")
 
 
-def tokenize(served: Served, body: Any, reply: Reply) -> Reply:
+def tokenize(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``POST /tokenize``: the chat form counts exactly what the chat endpoint prefills."""
     request = parse(TokenizeRequest, body)
     _check_model(served, request.model)
@@ -131,7 +133,7 @@ def tokenize(served: Served, body: Any, reply: Reply) -> Reply:
     return reply
 
 
-def detokenize(served: Served, body: Any, reply: Reply) -> Reply:
+def detokenize(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``POST /detokenize``: token ids back to text."""
     request = parse(DetokenizeRequest, body)
     _check_model(served, request.model)
@@ -140,19 +142,19 @@ def detokenize(served: Served, body: Any, reply: Reply) -> Reply:
     return reply
 
 
-def metrics(served: Served, body: Any, reply: Reply) -> Reply:
+def metrics(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``GET /metrics``: Prometheus text under vLLM's metric names."""
     reply.text, reply.content_type = served.metrics_text(), "text/plain; version=0.0.4; charset=utf-8"
     return reply
 
 
-def health(served: Served, body: Any, reply: Reply) -> Reply:
+def health(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``GET /health`` (and ``/ping``): 200 with an empty body, as vLLM answers."""
     reply.text, reply.content_type = "", "text/plain"
     return reply
 
 
-def tokenizer_info(served: Served, body: Any, reply: Reply) -> Reply:
+def tokenizer_info(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``GET /tokenizer_info``: the tokenizer's class, special tokens, window and chat template."""
     codec = served.engine.codec
     tokenizer = getattr(codec, "tokenizer", None)
@@ -175,14 +177,14 @@ def _default_template() -> str:
     return CHATML_TOOLS_TEMPLATE
 
 
-def load(served: Served, body: Any, reply: Reply) -> Reply:
+def load(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``GET /load``: requests in flight (running or waiting), as vLLM's server-load tracking reports."""
     stats = served.engine.stats()
     reply.body = {"server_load": stats.running + stats.waiting}
     return reply
 
 
-def version(served: Served, body: Any, reply: Reply) -> Reply:
+def version(served: Served, body: Any, reply: RouteAnswer) -> RouteAnswer:
     """``GET /version``: the server's version."""
     try:
         reply.body = {"version": metadata.version("agentkv")}
@@ -191,7 +193,7 @@ def version(served: Served, body: Any, reply: Reply) -> Reply:
     return reply
 
 
-Route = Callable[[Served, Any, Reply], Reply]
+Route = Callable[[Served, Any, RouteAnswer], RouteAnswer]
 
 ROUTES: dict[str, dict[str, Route]] = {
     "/v1/models": {"GET": list_models},
@@ -233,7 +235,7 @@ def _check_content_type(path: str, content_type: str | None) -> None:
 
 
 def handle(served: Served, method: str, path: str, raw: bytes, content_type: str | None = None,
-           headers: Mapping[str, str] | None = None) -> Reply:
+           headers: Mapping[str, str] | None = None) -> RouteAnswer:
     """Answer one request; every failure becomes vLLM's (or FastAPI's) error JSON.
 
     ``content_type`` None skips the media-type check (for in-process callers that send JSON bytes); ``headers`` go in
@@ -242,24 +244,24 @@ def handle(served: Served, method: str, path: str, raw: bytes, content_type: str
     path = path.rstrip("/") or "/"
     methods = ROUTES.get(path)
     if methods is None:
-        return Reply(status=404, body={"detail": "Not Found"})
+        return RouteAnswer(status=404, body={"detail": "Not Found"})
     route = methods.get(method)
     if route is None:
-        return Reply(status=405, body={"detail": "Method Not Allowed"})
+        return RouteAnswer(status=405, body={"detail": "Method Not Allowed"})
     try:
         body = _parse_body(raw)
     except RequestError as exc:
         served.record(method, path, None, headers)
-        return Reply(status=exc.status, body=exc.body)
+        return RouteAnswer(status=exc.status, body=exc.body)
     served.record(method, path, body, headers)
     try:
         _check_content_type(path, content_type if method == "POST" else None)
-        return route(served, body, Reply())
+        return route(served, body, RouteAnswer())
     except RequestError as exc:
-        return Reply(status=exc.status, body=exc.body)
+        return RouteAnswer(status=exc.status, body=exc.body)
     except Exception as exc:  # a bug or an engine failure: answer 500 instead of dropping the connection
         emit("local.request.failed", level="exception", path=path, error=type(exc).__name__)
-        return Reply(status=500, body=error_body(str(exc), type="InternalServerError", code=500))
+        return RouteAnswer(status=500, body=error_body(str(exc), type="InternalServerError", code=500))
 
 
-__all__ = ["ROUTES", "Reply", "handle"]
+__all__ = ["ROUTES", "RouteAnswer", "handle"]

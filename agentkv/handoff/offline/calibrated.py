@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from agentkv._build import built_once
+from agentkv._support.build import built_once
 
 __all__ = ["DEFAULT_CORPUS", "ensure_calibrated"]
 

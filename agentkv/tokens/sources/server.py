@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from cachetools import LRUCache
 
-from agentkv._http import HttpError, HttpTransport, default_http
+from agentkv.http.transport import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend
 from agentkv.events import digest, emit
 from agentkv.tokens.breaker import CircuitBreaker, shared_breaker
@@ -30,7 +30,7 @@ DEFAULT_TOKENIZE_TIMEOUT_S = 2.0
 class ServerSource:
     """Exact counts from vLLM's ``POST /tokenize`` (chat form), cached per payload digest.
 
-    ``http`` is the HTTP seam (:func:`agentkv._http.default_http` unless given). A server without
+    ``http`` is the HTTP seam (:func:`agentkv.http.transport.default_http` unless given). A server without
     ``/tokenize`` (404/405) is remembered and not asked again by this source. A timeout, a failed
     connection or a 5xx opens ``breaker`` (by default the process's breaker for this URL,
     :func:`~agentkv.tokens.breaker.shared_breaker`): until its back-off ends, the source is not asked
@@ -86,7 +86,8 @@ class ServerSource:
         self._admit()
         span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
         try:
-            answer = self._http.post_json(self._url, dict(body), timeout_s=self._timeout_s, headers=self.headers())
+            answer = self._http.request("POST", self._url, json=dict(body), timeout_s=self._timeout_s,
+                                        headers=self.headers())
         except HttpError as exc:
             ended(span, error=exc)
             raise self._unavailable(exc) from exc
@@ -103,8 +104,8 @@ class ServerSource:
         self._admit()
         span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
         try:
-            answer = await self._http.apost_json(self._url, dict(body), timeout_s=self._timeout_s,
-                                                 headers=self.headers())
+            answer = await self._http.arequest("POST", self._url, json=dict(body), timeout_s=self._timeout_s,
+                                               headers=self.headers())
         except HttpError as exc:
             ended(span, error=exc)
             raise self._unavailable(exc) from exc
@@ -167,10 +168,10 @@ class ServerSource:
     def _unavailable(self, exc: HttpError) -> CountUnavailable:
         if exc.status_code in (401, 403, 404, 405):  # no such endpoint, or not for this key: not asked again
             self.unsupported = True
-        if exc.timed_out or exc.status_code is None or exc.status_code >= 500 or exc.status_code == 429:
+        if exc.status_code is None or exc.status_code >= 500 or exc.status_code == 429:  # no answer, or a failing one
             self.breaker.failed()
             emit("count_source_breaker_open", level="warning", source=self.name, backend=self._backend.label,
-                 status=exc.status_code, timed_out=exc.timed_out)
+                 status=exc.status_code, timed_out=exc.kind == "timeout")
         else:
             self.breaker.succeeded()  # it answered: the server is up, this body was refused
         return CountUnavailable(f"{self.name} count failed: {exc}")

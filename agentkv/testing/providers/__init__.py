@@ -5,8 +5,8 @@ Each fake runs on 127.0.0.1 only, on a thread of its own, until its ``with`` blo
 the real provider is listed in its module's docstring.
 """
 
-from agentkv.provider_fakes.anthropic import FakeAnthropic
-from agentkv.provider_fakes.gemini import FakeGemini
-from agentkv.provider_fakes.openai import FakeOpenAI
+from agentkv.testing.providers.anthropic import FakeAnthropic
+from agentkv.testing.providers.gemini import FakeGemini
+from agentkv.testing.providers.openai import FakeOpenAI
 
 __all__ = ["FakeAnthropic", "FakeGemini", "FakeOpenAI"]

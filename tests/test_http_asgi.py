@@ -1,5 +1,5 @@
-"""The routed POSTs' plain-ASGI exchange (agentkv.gateway.exchange): body limits, replies, and a client's leaving
-at each point of the exchange, driven with an ASGI receive/send pair that behaves as uvicorn's does (after the
+"""The plain-ASGI pieces (agentkv.http.asgi) the gateway and the embedded server share: body limits, replies, and a
+client's leaving at each point of the exchange, driven with an ASGI receive/send pair that behaves as uvicorn's does (after the
 body, ``receive`` waits until the client disconnects or the response is complete, then says "http.disconnect")."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agentkv.gateway.exchange import BodyTooLarge, ClientLeft, Reply, read_body, serve_exchange, write
+from agentkv.http.asgi import BodyTooLarge, ClientLeft, Reply, read_body, serve_exchange, write
 
 
 class Client:
@@ -265,3 +265,49 @@ def test_the_routed_posts_are_found_under_a_root_path():
     assert _route_path({"path": "/llm/v1/chat/completions", "root_path": "/llm"}) == "/v1/chat/completions"
     assert _route_path({"path": "/v1/completions", "root_path": ""}) == "/v1/completions"
     assert _route_path({"path": "/v1/completions"}) == "/v1/completions"
+
+
+# ----------------------------------------------------------------------------- BodyLimit: the same limit as middleware
+
+def _limited(app_seen: list, **kwargs):
+    from agentkv.http.asgi import BodyLimit
+
+    async def app(scope, receive, send):
+        app_seen.append((await receive())["body"])
+        await write(send, Reply(200, b"{}"))
+
+    return BodyLimit(app, 100, lambda scope, status: Reply(status, b'{"refused": %d}' % status), **kwargs)
+
+
+def test_body_limit_hands_its_app_the_body_whole():
+    """Within the limit, the app's first receive() is the whole body, in one message."""
+    seen: list = []
+    client = Client(b'{"a"', b": 1}")
+    asyncio.run(_limited(seen)({"type": "http", "headers": []}, client.receive, client.send))
+    assert seen == [b'{"a": 1}'] and client.sent[0]["status"] == 200
+
+
+def test_body_limit_refuses_a_declared_or_a_streamed_body_over_the_limit_without_calling_its_app():
+    """413 from ``refuse`` for a declared length over the limit (nothing read) and for a body that grows past it."""
+    for client, headers in ((Client(b"x" * 10), scope(content_length="101")["headers"]),
+                            (Client(b"x" * 60, b"x" * 60), [])):
+        seen: list = []
+        asyncio.run(_limited(seen)({"type": "http", "headers": headers}, client.receive, client.send))
+        assert seen == [] and client.sent[0]["status"] == 413 and client.body == b'{"refused": 413}'
+
+
+def test_body_limit_answers_408_to_a_body_not_in_within_its_timeout():
+    """A client that sends part of its body and then nothing: ``refuse(scope, 408)`` once ``timeout_s`` has passed."""
+    seen: list = []
+    client = Client()
+    client.messages = [{"type": "http.request", "body": b"{", "more_body": True}]
+    asyncio.run(_limited(seen, timeout_s=0.05)({"type": "http", "headers": []}, client.receive, client.send))
+    assert seen == [] and client.sent[0]["status"] == 408
+
+
+def test_body_limit_writes_nothing_when_the_client_leaves_while_sending():
+    seen: list = []
+    client = Client()
+    client.messages = [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
+    asyncio.run(_limited(seen)({"type": "http", "headers": []}, client.receive, client.send))
+    assert seen == [] and client.sent == []

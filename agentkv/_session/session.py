@@ -1,14 +1,17 @@
 """The Session: routes each request of an agent's loop between a fast and a slow backend.
 
-:class:`Session` is its state (:class:`~agentkv._session.state.SessionState`, one object) with the public methods on
-top, each a few lines over functions of that state. One request, in the order it happens:
+:class:`Session` holds its parts (:class:`~agentkv._session.parts.SessionParts`) behind its public methods. Each
+method is one line over a machine (:mod:`agentkv._support.effects`), run by the sync driver (``run``) or the async one
+(``arun``): the two twins of a method differ only in which driver runs the same machine. One request, in the order it
+happens:
 
 - :meth:`Session.completion` (or :meth:`~Session.acompletion`; :meth:`~Session.prepare` for senders outside litellm)
-  opens, counts and plans it (:mod:`agentkv._session.steps`: the pure core decides) and fires the warm-ahead;
-- :meth:`Session.turn` runs the turn in the one loop (:mod:`agentkv._session.drive`) that does what
-  :func:`~agentkv._session.decide.next_action` says: send, hand off, recover (:mod:`agentkv._session.reactive`),
-  fail over, finish or give up;
-- :func:`~agentkv._session.steps.finish` records the answer.
+  opens it, gathers its facts and count, plans it (the pure core decides) and considers the warm-ahead
+  (:func:`~agentkv._session.turn.opening`);
+- :meth:`Session.turn` carries it through :func:`~agentkv._session.turn.turn`, which does what
+  :func:`~agentkv._session.decide.next_action` says: send (with retries), hand off, recover, fail over, finish or give
+  up;
+- :func:`~agentkv._session.steps.finish` records the answer (:meth:`Session.answered` for callers that send).
 
     with Session(fast=fast, slow=slow, tenant="acme", session_id="chat-42") as s:
         resp = s.completion(messages=messages, tools=tools, max_tokens=4096)
@@ -18,30 +21,34 @@ top, each a few lines over functions of that state. One request, in the order it
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, TypeVar
 
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
-
-from agentkv._session import outside, steps
+from agentkv._session import gather, outside, steps, warming
 from agentkv._session.attempts import Attempt
-from agentkv._session.decide import Failed, FailOver, Recover
-from agentkv._session.drive import TurnEnd, arun, run
+from agentkv._session.decide import Failed, FailOver, GiveUp, Recover
 from agentkv._session.inputs import check_headers, request_payload
-from agentkv._session.reactive import fail_over, recover
-from agentkv._session.state import DEFAULT_REQUEST_TIMEOUT_S, SessionState
+from agentkv._session.parts import DEFAULT_REQUEST_TIMEOUT_S, SessionOptions, SessionParts, session_signature
+from agentkv._session.turn import TurnEnd, next_try, opening, turn
 from agentkv._session.warm_prefix import prefix_report
+from agentkv._support.effects import Call, Machine, arun, run
+from agentkv.backends import Backend
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import Observation
-from agentkv.retry import CLIENT_RETRIES_OFF
-from agentkv.routing import RouteDecision
+from agentkv.retry import CLIENT_RETRIES_OFF, RetryPolicy
+from agentkv.routing import RouteDecision, RoutePolicy
 from agentkv.stats import LedgerEntry
 from agentkv.tokens import TokenCount
+from agentkv.warm import WarmAheadPolicy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "Session"]
 
 T = TypeVar("T")
 
 
-class Session(SessionState):
+class Session:
     """A fast/slow routing session for one conversation of one tenant.
 
     ``fast`` answers while the conversation fits its window; ``slow`` takes what it cannot hold.
@@ -70,6 +77,79 @@ class Session(SessionState):
     Session that lives long, as a gateway's conversation can; None (the default) keeps every row.
     """
 
+    def __init__(self, fast: Backend, slow: Backend | None = None, **options: Unpack[SessionOptions]) -> None:
+        self._parts = SessionParts(fast, slow, **options)
+
+    def __repr__(self) -> str:
+        return f"Session(session_id={self.session_id!r}, fast={self.fast.label!r}, " \
+               f"slow={None if self.slow is None else self.slow.label!r})"
+
+    # ----------------------------------------------------------------- what it is
+
+    @property
+    def fast(self) -> Backend:
+        """The backend that answers while the conversation fits its window."""
+        return self._parts.fast
+
+    @property
+    def slow(self) -> Backend | None:
+        """The backend that takes what fast cannot hold (None: fast alone)."""
+        return self._parts.slow
+
+    @property
+    def tenant(self) -> str | None:
+        """Whose conversation this is (its prefix cache is salted apart from every other tenant's)."""
+        return self._parts.tenant
+
+    @property
+    def session_id(self) -> str:
+        """The conversation's id (given, or a fresh UUID)."""
+        return self._parts.session_id
+
+    @property
+    def routing(self) -> RoutePolicy:
+        return self._parts.routing
+
+    @property
+    def warm_ahead(self) -> WarmAheadPolicy:
+        return self._parts.warm_ahead
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self._parts.retry
+
+    @property
+    def last_route(self) -> RouteDecision | None:
+        """The route of the last request this Session counted (None before the first)."""
+        return self._parts.last_route
+
+    @property
+    def routing_key(self) -> str:
+        """The conversation's opaque routing key (a keyed digest of tenant and session id, never either): what
+        agentkv sends a router in ``X-Session-ID`` and uses to choose a pool's replica."""
+        return self._parts.routing_key
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a closed Session refuses requests)."""
+        return self._parts.closed
+
+    @property
+    def holds_outside(self) -> bool:
+        """Whether this Session holds something outside the process that :meth:`close` releases (a Gemini explicit
+        cache its requests created or read)."""
+        return self._parts.providers.pending()
+
+    def request_extras(self, role: str = "fast") -> dict[str, Any]:
+        """What a request to the ``role`` backend ("fast" or "slow") must carry besides its own fields when its
+        caller sends it outside agentkv: ``extra_body`` (the tenant's ``cache_salt`` on a self-hosted backend) and
+        ``extra_headers`` (the conversation's routing key, for a router), as litellm and the OpenAI SDK take them.
+
+            ChatOpenAI(..., **session.request_extras("fast"))
+        """
+        backend = self._parts.backend(outside.sent_to_role(self._parts, role))
+        return outside.request_extras(self._parts, backend)
+
     # ----------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> "Session":
@@ -88,39 +168,24 @@ class Session(SessionState):
         """Stop accepting requests. In-flight warms are left to finish or time out; nothing waits. The Gemini
         explicit caches its requests created or read are released in the background, each deleted once no other
         Session holds it (``drain_warms`` waits for that)."""
-        self.closed = True
-        if self.explicit_caches:
-            self._jobs.thread(self.explicit_caches.delete)
+        run(self._parts.closing(), self._parts.jobs)
 
     async def aclose(self) -> None:
         """Async close. In-flight warm tasks run on, bounded by their timeout: a warm fired on the last
         turn of a call is exactly the one the next call wants."""
-        self.closed = True
-        if self.explicit_caches:
-            self._jobs.task(self.explicit_caches.adelete(), 30.0)
+        await arun(self._parts.closing(), self._parts.jobs)
 
     # ----------------------------------------------------------------- a turn through litellm
 
     def completion(self, **kwargs: Any) -> Any:
         """Route and send a chat completion; litellm kwargs pass through; returns litellm's response."""
-        kwargs = dict(self._sends(self.fast.model, kwargs))
-        payload = steps.open_request(self, kwargs)
-        known = steps.facts(self)
-        attempt = steps.plan(self, kwargs, payload, steps.count(self, kwargs, payload, known), known)
-        steps.maybe_warm(self, attempt, known)
-        ended = self.turn(attempt, lambda a: self.client.completion(**_client_call(a)), streamed=bool(kwargs.get("stream")))
-        return steps.finish(self, ended.attempt, ended.result(), asynchronous=False)
+        p = self._parts
+        return run(_completion(p, kwargs, lambda a: p.client.completion(**_client_call(a))), p.jobs)
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """The async twin of :meth:`completion`: every input is awaited, nothing blocks the event loop."""
-        kwargs = dict(self._sends(self.fast.model, kwargs))
-        payload = steps.open_request(self, kwargs)
-        known = await steps.afacts(self)
-        attempt = steps.plan(self, kwargs, payload, await steps.acount(self, kwargs, payload, known), known)
-        await steps.amaybe_warm(self, attempt, known)
-        ended = await self.aturn(attempt, lambda a: self.client.acompletion(**_client_call(a)),
-                                 streamed=bool(kwargs.get("stream")))
-        return steps.finish(self, ended.attempt, ended.result(), asynchronous=True)
+        p = self._parts
+        return await arun(_completion(p, kwargs, lambda a: p.client.acompletion(**_client_call(a))), p.jobs)
 
     # ----------------------------------------------------------------- a turn its caller sends
 
@@ -143,25 +208,11 @@ class Session(SessionState):
         :func:`agentkv.wire.openai.routing_headers_of` besides the request's own: the conversation's routing key goes
         there.
         """
-        check_headers(headers, "headers")  # before anything is counted or sent
-        payload = steps.open_request(self, dict(body), text=True)
-        known = steps.facts(self)
-        attempt = steps.plan(self, dict(body), payload, steps.count(self, body, payload, known), known,
-                             headers=headers)
-        attempt.raw = True
-        steps.maybe_warm(self, attempt, known)
-        return attempt
+        return run(_prepared(self._parts, body, headers), self._parts.jobs)
 
     async def aprepare(self, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None) -> Attempt:
         """The async twin of :meth:`prepare` (the count is awaited; a warm runs as a task)."""
-        check_headers(headers, "headers")
-        payload = steps.open_request(self, dict(body), text=True)
-        known = await steps.afacts(self)
-        attempt = steps.plan(self, dict(body), payload, await steps.acount(self, body, payload, known), known,
-                             headers=headers)
-        attempt.raw = True
-        await steps.amaybe_warm(self, attempt, known)
-        return attempt
+        return await arun(_prepared(self._parts, body, headers), self._parts.jobs)
 
     def presend(self, body: Mapping[str, Any]) -> Attempt | None:
         """The try a request is certain to get, decided before it is counted, or None when that is not certain.
@@ -173,7 +224,7 @@ class Session(SessionState):
         :meth:`aprepare` while the backend works: it counts, logs, records and warms as always, and its attempt
         is what the request should have been (the caller compares the two, and re-sends when they differ).
         Nothing is recorded here, and nothing is ever raised: a request this cannot vouch for gets None."""
-        return outside.presend(self, body)
+        return outside.presend(self._parts, body)
 
     def turn(self, attempt: Attempt, send: Callable[[Attempt], T], *, streamed: bool = False,
              retries: bool = True) -> TurnEnd[T]:
@@ -186,39 +237,26 @@ class Session(SessionState):
         ``status_code``); ``streamed``: the caller asked for a stream; ``retries=False``: ``send`` retries on its own
         (a LangChain chat model, a gateway's clients), so each try is sent once. Hand the :class:`TurnEnd`'s answer to
         :meth:`answered`; its ``error``, when set, is the turn's answer."""
-        return run(self, attempt, send, streamed=streamed, retries=retries)
+        return run(turn(self._parts, attempt, send, streamed=streamed, retries=retries), self._parts.jobs)
 
     async def aturn(self, attempt: Attempt, send: Callable[[Attempt], Awaitable[T]], *,
                     streamed: bool = False, retries: bool = True) -> TurnEnd[T]:
         """The async twin of :meth:`turn`."""
-        return await arun(self, attempt, send, streamed=streamed, retries=retries)
+        return await arun(turn(self._parts, attempt, send, streamed=streamed, retries=retries), self._parts.jobs)
 
     def recover(self, attempt: Attempt, error: Exception) -> Attempt:
         """The next try after ``attempt`` failed with ``error`` (one step of :meth:`turn`): a recoverable overflow is
         clamped or escalated, an outage fails over when the other backend can take it; anything else is re-raised."""
-        action = steps.next_step(self, attempt, Failed(error))
-        if isinstance(action, Recover):
-            return recover(self, attempt, error, action.overflow, steps.recount(self, attempt), steps.facts(self))
-        if isinstance(action, FailOver):
-            steps.eject(self, attempt, error)  # a pool's replica found down: never this turn's again
-            return fail_over(self, attempt, error, steps.facts(self))
-        raise error
+        return _moved(run(_recovery(self._parts, attempt, error), self._parts.jobs))
 
     async def arecover(self, attempt: Attempt, error: Exception) -> Attempt:
         """The async twin of :meth:`recover`."""
-        action = steps.next_step(self, attempt, Failed(error))
-        if isinstance(action, Recover):
-            return recover(self, attempt, error, action.overflow, await steps.arecount(self, attempt),
-                           await steps.afacts(self))
-        if isinstance(action, FailOver):
-            await steps.aeject(self, attempt, error)
-            return fail_over(self, attempt, error, await steps.afacts(self))
-        raise error
+        return _moved(await arun(_recovery(self._parts, attempt, error), self._parts.jobs))
 
-    def answered(self, attempt: Attempt, response: Any, *, asynchronous: bool = False) -> Any:
+    def answered(self, attempt: Attempt, response: Any) -> Any:
         """Record ``attempt`` as answered with ``response`` (a dict or object with OpenAI's ``usage``):
         requests per backend, the ledger row, the escalation and its cached tokens, as :meth:`completion`."""
-        return steps.finish(self, attempt, response, asynchronous=asynchronous)
+        return run(steps.finish(self._parts, attempt, response), self._parts.jobs)  # its background: tasks on a loop
 
     # ----------------------------------------------------------------- a request sent elsewhere, or none
 
@@ -229,53 +267,40 @@ class Session(SessionState):
         and warm-ahead fires when due; nothing else is sent. The returned :class:`Observation` says
         whether fast can take the request as it is.
         """
-        role = outside.sent_to_role(self, sent_to)
-        payload = steps.open_request(self, kwargs)
-        known = steps.facts(self)
-        attempt, decision = outside.observed(self, kwargs, payload, steps.count(self, kwargs, payload, known), known,
-                                             role)
-        steps.maybe_warm(self, attempt, known)
-        return outside.observation(self, attempt, decision, known)
+        return run(_observed(self._parts, sent_to, kwargs), self._parts.jobs)
 
     async def aobserve(self, *, sent_to: str = "fast", **kwargs: Any) -> Observation:
         """The async twin of :meth:`observe` (warms run as tasks)."""
-        role = outside.sent_to_role(self, sent_to)
-        payload = steps.open_request(self, kwargs)
-        known = await steps.afacts(self)
-        attempt, decision = outside.observed(self, kwargs, payload, await steps.acount(self, kwargs, payload, known),
-                                             known, role)
-        await steps.amaybe_warm(self, attempt, known)
-        return outside.observation(self, attempt, decision, known)
+        return await arun(_observed(self._parts, sent_to, kwargs), self._parts.jobs)
 
     def route(self, **kwargs: Any) -> RouteDecision:
         """The route this Session would choose for a request, sending and recording nothing.
 
         Raises :class:`ContextOverflowError` when no backend can hold it.
         """
-        payload, known = request_payload(kwargs, self._backends(), self.counters.values()), steps.facts(self)
-        return steps.decide(self, kwargs, steps.count(self, kwargs, payload, known), known)
+        return run(_routed(self._parts, kwargs), self._parts.jobs)
 
     async def aroute(self, **kwargs: Any) -> RouteDecision:
         """The async twin of :meth:`route`."""
-        payload, known = request_payload(kwargs, self._backends(), self.counters.values()), await steps.afacts(self)
-        return steps.decide(self, kwargs, await steps.acount(self, kwargs, payload, known), known)
+        return await arun(_routed(self._parts, kwargs), self._parts.jobs)
 
     def count(self, **kwargs: Any) -> TokenCount:
         """Count a request as the fast backend will receive it, without sending anything."""
-        return self._counter(self.fast).count(request_payload(kwargs, self._backends(), self.counters.values()))
+        p = self._parts
+        return p.counter(p.fast).count(request_payload(kwargs, p.backends(), p.counters.values()))
 
     def record_usage(self, turn: int, *, cached_tokens: int | None) -> None:
         """Attach a response's cached-token count to an observed ledger turn."""
-        self._record.record_usage(turn, cached_tokens)
+        self._parts.recorder.record_usage(turn, cached_tokens)
 
-    def run(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
-        """Run a ReAct loop through this Session's routing (see :func:`agentkv.react.run_loop`)."""
+    def react(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
+        """Run a ReAct loop (a tool-calling agent loop) through this Session's routing (see :func:`agentkv.react.run_loop`)."""
         from agentkv.react import run_loop
 
         return run_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
 
-    async def arun(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
-        """The async twin of :meth:`run` (see :func:`agentkv.react.arun_loop`)."""
+    async def areact(self, user_message: Any, tools: Any = None, *, max_steps: int = 20, **kwargs: Any) -> Any:
+        """The async twin of :meth:`react` (see :func:`agentkv.react.arun_loop`)."""
         from agentkv.react import arun_loop
 
         return await arun_loop(self, user_message, tools, max_steps=max_steps, **kwargs)
@@ -284,50 +309,103 @@ class Session(SessionState):
     def ledger(self) -> list[LedgerEntry]:
         """One row per request (the latest ``ledger_rows`` of them when bounded): tokens, the tool schemas' share,
         count source, route, warm-ahead, cached tokens."""
-        return self._record.ledger
+        return self._parts.recorder.ledger
 
     def write_ledger(self, path: str | Path) -> Path:
         """Write :attr:`ledger` (and fast's window, the output floor and the warm-ahead threshold) to ``path`` as JSON
         lines, for ``agentkv report`` (:mod:`agentkv.report`): sizes, routes and cache figures, no prompt text."""
         from agentkv.report import write_ledger
 
-        threshold = self.warm_ahead.threshold if self.slow is not None else None
-        return write_ledger(path, self.ledger, fast_window=steps.facts(self).fast.window,
-                            output_floor=self.routing.output_floor, warm_threshold=threshold)
+        p = self._parts
+        threshold = p.warm_ahead.threshold if p.slow is not None else None
+        return write_ledger(path, self.ledger, fast_window=run(gather.facts(p), p.jobs).fast.window,
+                            output_floor=p.routing.output_floor, warm_threshold=threshold)
 
     def stats(self) -> dict[str, Any]:
         """Plain dict of counters: requests per backend, routes, clamps, fallbacks, warms, cached tokens."""
-        return self._stats.snapshot()
+        return self._parts.session_stats.snapshot()
 
     def prefix_report(self) -> PrefixReport | None:
         """Compare the rendered token prefixes of the last two requests (None before the second)."""
-        if len(self._history) < 2:
-            return None
-        previous, current = self._history[-2:]
-        counter = self._counter(self.fast)
-        return prefix_report(previous, current, counter.token_ids(previous, add_generation_prompt=False),
-                             counter.token_ids(current))
+        return run(_prefix_report(self._parts), self._parts.jobs)
 
     async def aprefix_report(self) -> PrefixReport | None:
         """The async twin of :meth:`prefix_report`."""
-        if len(self._history) < 2:
-            return None
-        previous, current = self._history[-2:]
-        counter = self._counter(self.fast)
-        return prefix_report(previous, current, await counter.atoken_ids(previous, add_generation_prompt=False),
-                             await counter.atoken_ids(current))
+        return await arun(_prefix_report(self._parts), self._parts.jobs)
 
     def drain_warms(self, timeout_s: float = 30.0) -> bool:
         """Wait up to ``timeout_s`` for this Session's background work on threads (warms, diagnostics);
         True when none is left. For tests, benchmarks and demos: requests never wait for it."""
-        return self._jobs.drain(timeout_s)
+        return self._parts.jobs.drain(timeout_s)
 
     async def adrain_warms(self, timeout_s: float = 30.0) -> None:
         """Wait up to ``timeout_s`` for this Session's background tasks (tests, benchmarks, demos)."""
-        await self._jobs.adrain(timeout_s)
+        await self._parts.jobs.adrain(timeout_s)
+
+
+Session.__signature__ = session_signature()  # type: ignore[attr-defined]  # what help() and inspect show
 
 
 def _client_call(attempt: Attempt) -> dict[str, Any]:
     """This try's litellm kwargs with the client's own retries off: the Session's :class:`RetryPolicy` is the one
     bound."""
     return {**attempt.call_kwargs, **CLIENT_RETRIES_OFF}
+
+# ----------------------------------------------------------------- the entry points' machines (each run by both drivers)
+
+def _completion(p: SessionParts, kwargs: dict[str, Any], send: Callable[[Attempt], Any]) -> Machine[Any]:
+    kwargs = dict(p.sends(p.fast.model, kwargs))
+    payload = steps.open_request(p, kwargs)
+    attempt = yield from opening(p, kwargs, payload)
+    end = yield from turn(p, attempt, send, streamed=bool(kwargs.get("stream")))
+    return (yield from steps.finish(p, end.attempt, end.result()))
+
+
+def _prepared(p: SessionParts, body: Mapping[str, Any], headers: Mapping[str, str] | None) -> Machine[Attempt]:
+    check_headers(headers, "headers")  # before anything is counted or sent
+    kwargs = dict(body)
+    payload = steps.open_request(p, kwargs, text=True)
+    return (yield from opening(p, kwargs, payload, headers=headers, raw=True))
+
+
+def _recovery(p: SessionParts, attempt: Attempt, error: Exception) -> Machine[Attempt | GiveUp]:
+    action = steps.next_step(p, attempt, Failed(error))
+    if isinstance(action, (Recover, FailOver)):
+        return (yield from next_try(p, attempt, action))
+    return GiveUp(error)
+
+
+def _moved(moved: Attempt | GiveUp) -> Attempt:
+    """The next try, or raise what ended the turn (the public :meth:`Session.recover` contract)."""
+    if isinstance(moved, GiveUp):
+        raise moved.error
+    return moved
+
+
+def _observed(p: SessionParts, sent_to: str, kwargs: dict[str, Any]) -> Machine[Observation]:
+    role = outside.sent_to_role(p, sent_to)
+    payload = steps.open_request(p, kwargs)
+    known = yield from gather.facts(p)
+    counted = yield from gather.count(p, kwargs, payload, known)
+    attempt, decision = outside.observed(p, kwargs, payload, counted, known, role)
+    yield from warming.maybe_warm(p, attempt, known)
+    yield from gather.watch_warm_replica(p, attempt)
+    return outside.observation(p, attempt, decision, known)
+
+
+def _routed(p: SessionParts, kwargs: dict[str, Any]) -> Machine[RouteDecision]:
+    payload = request_payload(kwargs, p.backends(), p.counters.values())
+    known = yield from gather.facts(p)
+    counted = yield from gather.count(p, kwargs, payload, known)
+    return steps.decide(p, kwargs, counted, known)
+
+
+def _prefix_report(p: SessionParts) -> Machine[PrefixReport | None]:
+    if len(p.history) < 2:
+        return None
+    previous, current = p.history[-2:]
+    counter = p.counter(p.fast)
+    before = yield Call(counter.token_ids, counter.atoken_ids, (previous,), {"add_generation_prompt": False})
+    now = yield Call(counter.token_ids, counter.atoken_ids, (current,))
+    return prefix_report(previous, current, before, now)
+

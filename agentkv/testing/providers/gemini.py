@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ._server import Call, FakeServer, Reply, fake_tokens
+from agentkv.testing.providers.server import Call, FakeServer, JsonReply, fake_tokens
 
 __all__ = ["CACHE_MIN_TOKENS", "CachedContent", "DEFAULT_WINDOW", "FakeGemini"]
 
@@ -94,8 +94,8 @@ class _Refusal(ValueError):
         super().__init__(message)
         self.code, self.message = code, message
 
-    def reply(self) -> Reply:
-        return Reply(self.code, {"error": {"code": self.code, "message": self.message, "status": _STATUS[self.code]}})
+    def reply(self) -> JsonReply:
+        return JsonReply(self.code, {"error": {"code": self.code, "message": self.message, "status": _STATUS[self.code]}})
 
 
 @dataclass
@@ -197,7 +197,7 @@ class FakeGemini:
 
     # -- dispatch -------------------------------------------------------------------------------------------
 
-    def _handle(self, call: Call) -> Reply:
+    def _handle(self, call: Call) -> JsonReply:
         key = call.headers.get("x-goog-api-key") or next(iter(call.query.get("key", [])), "")
         try:
             if not key:
@@ -210,7 +210,7 @@ class FakeGemini:
         except _Refusal as refusal:
             return refusal.reply()
 
-    def _route(self, call: Call, key: str) -> Reply:
+    def _route(self, call: Call, key: str) -> JsonReply:
         model_call = _MODEL_PATH.fullmatch(call.path)
         if model_call and call.method == "POST":
             return self._model_action(model_call.group(1), model_call.group(2), _body(call), key)
@@ -221,7 +221,7 @@ class FakeGemini:
             return self._one_cache(call, cache_call.group(1), key)
         raise _Refusal(404, f"{call.method} {call.path} is not a method of this fake of the Gemini API.")
 
-    def _model_action(self, model: str, action: str, body: dict[str, Any], key: str) -> Reply:
+    def _model_action(self, model: str, action: str, body: dict[str, Any], key: str) -> JsonReply:
         self._served(model, action)
         if action == "generateContent":
             return self._generate(model, body, key)
@@ -231,7 +231,7 @@ class FakeGemini:
 
     # -- generateContent / countTokens ----------------------------------------------------------------------
 
-    def _generate(self, model: str, body: dict[str, Any], key: str) -> Reply:
+    def _generate(self, model: str, body: dict[str, Any], key: str) -> JsonReply:
         if not body.get("contents"):
             raise _Refusal(400, "* GenerateContentRequest.contents: contents is not specified\n")
         tokens, cached = self._prompt(model, body, key)
@@ -240,7 +240,7 @@ class FakeGemini:
             cached = self._implicit_hit(model, key, tokens)
         self._recent.append((self.clock(), key, model, tokens))
         text, reason = _answer(self.reply, (body.get("generationConfig") or {}).get("maxOutputTokens"))
-        return Reply(200, {
+        return JsonReply(200, {
             "candidates": [{"content": {"parts": [{"text": text}], "role": "model"}, "finishReason": reason, "index": 0}],
             "usageMetadata": _usage(len(tokens), cached, len(fake_tokens(text))),
             "modelVersion": model, "responseId": f"fake-{next(self._ids):08d}"})
@@ -258,13 +258,13 @@ class FakeGemini:
                                 f"({cache.model}) has to be the same.")
         return cache.tokens + own, len(cache.tokens)
 
-    def _count_tokens(self, model: str, body: dict[str, Any], key: str) -> Reply:
+    def _count_tokens(self, model: str, body: dict[str, Any], key: str) -> JsonReply:
         tokens, cached = self._count_request(body, key, model)
         answer: dict[str, Any] = {"totalTokens": len(tokens),
                                   "promptTokensDetails": [{"modality": "TEXT", "tokenCount": len(tokens)}]}
         if cached:
             answer["cachedContentTokenCount"] = cached
-        return Reply(200, answer)
+        return JsonReply(200, answer)
 
     def _count_request(self, body: dict[str, Any], key: str | None, model: str | None = None
                        ) -> tuple[tuple[str, ...], int]:
@@ -286,7 +286,7 @@ class FakeGemini:
 
     # -- cachedContents -------------------------------------------------------------------------------------
 
-    def _create(self, body: dict[str, Any], key: str) -> Reply:
+    def _create(self, body: dict[str, Any], key: str) -> JsonReply:
         model = str(body.get("model") or "")
         if not model.startswith("models/"):
             raise _Refusal(400, "* CreateCachedContentRequest.cached_content.model: model is not specified, or not "
@@ -304,9 +304,9 @@ class FakeGemini:
         cache = CachedContent(name, model, None if display is None else str(display), key, tokens, now, now,
                               _expiry(body, now, required=False))
         self._caches[name] = cache
-        return Reply(200, cache.resource())
+        return JsonReply(200, cache.resource())
 
-    def _list(self, call: Call, key: str) -> Reply:
+    def _list(self, call: Call, key: str) -> JsonReply:
         size = _int_param(call, "pageSize", _PAGE_SIZE)
         start = _int_param(call, "pageToken", 0)
         if size < 0 or start < 0:
@@ -316,17 +316,17 @@ class FakeGemini:
         answer: dict[str, Any] = {"cachedContents": [c.resource() for c in page]} if page else {}
         if start + len(page) < len(own):
             answer["nextPageToken"] = str(start + len(page))
-        return Reply(200, answer)
+        return JsonReply(200, answer)
 
-    def _one_cache(self, call: Call, name: str, key: str) -> Reply:
+    def _one_cache(self, call: Call, name: str, key: str) -> JsonReply:
         cache = self._cache(name, key)
         if call.method == "DELETE":
             self._end(cache, self.clock(), self.deleted)
-            return Reply(200, {})
+            return JsonReply(200, {})
         if call.method == "PATCH":
             now = self.clock()
             cache.expires, cache.updated = _expiry(_body(call), now, required=True), now
-        return Reply(200, cache.resource())
+        return JsonReply(200, cache.resource())
 
     def _cache(self, name: object, key: str | None) -> CachedContent:
         cache = self._caches.get(name) if isinstance(name, str) else None

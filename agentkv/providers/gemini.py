@@ -1,4 +1,9 @@
-"""The Gemini explicit caches a Session's requests create and read, each owned by the Sessions that hold it.
+"""Gemini's API, and the explicit caches a Session's requests create and read, each owned by the Sessions that hold it.
+
+A Gemini backend without ``explicit_cache`` is a managed API like any other (its implicit cache needs no marks). With
+``Backend(explicit_cache=True)`` its strategy (:data:`GEMINI`) marks requests, prices the caches' storage, moves a
+conversation's cache only when its tail has grown as long as its prefix, and keeps a part in each Session
+(:class:`ExplicitCaches`):
 
 A request to a ``Backend(explicit_cache=True)`` Gemini backend marks the messages it wants cached
 (:func:`agentkv.wire.hosted.gemini_marked`). The Session's completion client (:meth:`ExplicitCaches.client`) then
@@ -29,18 +34,24 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
-from agentkv._defaults import shared
+from agentkv._support.defaults import shared
 from agentkv.backends import Backend
-from agentkv.costs import loaded_prices
 from agentkv.events import emit
-from agentkv.wire.hosted import gemini_named, gemini_unmarked, names_missing_cache
+from agentkv._support.effects import Call, Machine, Raised, arun, run
+from agentkv.providers import Marks, SessionContext, loaded_prices
+from agentkv.providers.managed import ManagedApi, unsalted
+from agentkv.providers.prices import Prices, prices_for
+from agentkv.wire.hosted import explicit_cache_moves, gemini_marked, gemini_named, gemini_unmarked, names_missing_cache
+from agentkv.wire.usage import Usage
 
 if TYPE_CHECKING:
-    from agentkv._http import HttpTransport
+    from agentkv._support.jobs import BackgroundJobs
+    from agentkv.http.transport import HttpTransport
     from agentkv.protocols import CompletionClient
     from agentkv.stats import SessionStats
 
-__all__ = ["CacheRegistry", "CachingClient", "ExplicitCaches", "OwnedCache", "Plan", "ReopenedStream", "registry"]
+__all__ = ["EXPIRY_MARGIN_S", "GEMINI", "CacheRegistry", "CachingClient", "ExplicitCaches", "GeminiApi", "OwnedCache", "Plan",
+           "ReopenedStream", "registry"]
 
 EXPIRY_MARGIN_S = 10.0
 """A cache this close to its ``expireTime`` is not named again (litellm's margin): a new one is created."""
@@ -138,8 +149,13 @@ class ExplicitCaches:
     """The explicit caches one Session's requests created or read: named, recorded, and released at close."""
 
     def __init__(self, session: str, tenant: str | None, http: "HttpTransport", stats: "SessionStats",
-                 caches: CacheRegistry | None = None) -> None:
+                 caches: CacheRegistry | None = None, *, backends: Sequence[Backend] = (),
+                 jobs: "BackgroundJobs | None" = None) -> None:
+        from agentkv._support.jobs import BackgroundJobs
+
         self._session, self._tenant, self._http, self._stats = session, tenant, http, stats
+        self._backends = tuple(b for b in backends if b.explicit_cache)
+        self.jobs = jobs if jobs is not None else BackgroundJobs()
         # what holds a cache in the registry: this object alone (two Sessions may share a session id)
         self._holder = secrets.token_hex(16)
         self._registry = caches or registry()
@@ -147,10 +163,15 @@ class ExplicitCaches:
         self._held: set[str] = set()
         self._closed = False
 
-    def client(self, inner: "CompletionClient", backends: Sequence[Backend]) -> "CompletionClient":
-        """``inner``, or a :class:`CachingClient` over it when one of ``backends`` writes explicit caches."""
-        explicit = tuple(b for b in backends if b.explicit_cache)
+    def client(self, inner: "CompletionClient", backends: Sequence[Backend] | None = None) -> "CompletionClient":
+        """``inner``, or a :class:`CachingClient` over it when one of ``backends`` (default: this Session's) writes
+        explicit caches."""
+        explicit = self._backends if backends is None else tuple(b for b in backends if b.explicit_cache)
         return CachingClient(inner, self, explicit) if explicit else inner
+
+    def pending(self) -> bool:
+        """Whether close has caches to release."""
+        return bool(self)
 
     # ----------------------------------------------------------------- a request
 
@@ -170,27 +191,15 @@ class ExplicitCaches:
             self._record(cache.name)
         return cache
 
-    def create(self, plan: Plan) -> OwnedCache | None:
+    def create(self, plan: Plan) -> Machine[OwnedCache | None]:
         """Create ``plan``'s cache and hold it (None when Gemini refused it: the request goes uncached)."""
         body = {**plan.body, "displayName": _display_name()}
-        try:
-            answer = self._http.call_json("POST", f"{_root(plan.backend)}/cachedContents", body,
-                                          timeout_s=_TIMEOUT_S, headers=plan.headers)
-        except Exception as exc:
-            self._not_created(plan, exc)
+        answer = yield Call(self._http.request, self._http.arequest, ("POST", f"{_root(plan.backend)}/cachedContents"),
+                            {"json": body, "timeout_s": _TIMEOUT_S, "headers": plan.headers}, captures=True)
+        if isinstance(answer, Raised):
+            self._not_created(plan, answer.error)
             return None
-        return self._created(plan, answer)
-
-    async def acreate(self, plan: Plan) -> OwnedCache | None:
-        """The async twin of :meth:`create`."""
-        body = {**plan.body, "displayName": _display_name()}
-        try:
-            answer = await self._http.acall_json("POST", f"{_root(plan.backend)}/cachedContents", body,
-                                                 timeout_s=_TIMEOUT_S, headers=plan.headers)
-        except Exception as exc:
-            self._not_created(plan, exc)
-            return None
-        return self._created(plan, answer)
+        return self._created(plan, answer.value)
 
     def missing(self, cache: OwnedCache, error: Exception) -> bool:
         """Whether ``error`` (or the error a stream's wraps) says ``cache`` is gone; if so it is forgotten (never
@@ -211,26 +220,16 @@ class ExplicitCaches:
 
     # ----------------------------------------------------------------- close
 
-    def delete(self) -> None:
+    def close(self) -> Machine[None]:
         """Release every cache this Session holds; delete those no other Session holds, pricing their storage
         (never raises)."""
         for cache in self._released():
-            try:
-                self._http.call_json("DELETE", f"{_root(cache.backend)}/{cache.name}", timeout_s=_TIMEOUT_S,
-                                     headers=cache.headers)
+            done = yield Call(self._http.request, self._http.arequest, ("DELETE", f"{_root(cache.backend)}/{cache.name}"),
+                              {"timeout_s": _TIMEOUT_S, "headers": cache.headers}, captures=True)
+            if isinstance(done, Raised):
+                self._delete_failed(cache, done.error)
+            else:
                 self._deleted(cache, gone=False)
-            except Exception as exc:
-                self._delete_failed(cache, exc)
-
-    async def adelete(self) -> None:
-        """The async twin of :meth:`delete`."""
-        for cache in self._released():
-            try:
-                await self._http.acall_json("DELETE", f"{_root(cache.backend)}/{cache.name}", timeout_s=_TIMEOUT_S,
-                                            headers=cache.headers)
-                self._deleted(cache, gone=False)
-            except Exception as exc:
-                self._delete_failed(cache, exc)
 
     def __bool__(self) -> bool:
         with self._lock:
@@ -298,7 +297,7 @@ class CachingClient:
         plan = self._caches.plan(backend, call)
         cache, created = (None, False) if plan is None else (self._caches.named(plan), False)
         if plan is not None and cache is None:
-            cache, created = self._caches.create(plan), True
+            cache, created = run(self._caches.create(plan), self._caches.jobs), True
         try:
             if plan is None or cache is None:
                 return self.inner.completion(**gemini_unmarked(call))
@@ -313,7 +312,7 @@ class CachingClient:
             return _with_cache_write(answer, cache.tokens) if created else answer
         finally:
             if self._caches.closing:
-                self._caches.delete()
+                run(self._caches.close(), self._caches.jobs)
 
     async def acompletion(self, **call: Any) -> Any:
         backend = self._target(call)
@@ -322,7 +321,7 @@ class CachingClient:
         plan = self._caches.plan(backend, call)
         cache, created = (None, False) if plan is None else (self._caches.named(plan), False)
         if plan is not None and cache is None:
-            cache, created = await self._caches.acreate(plan), True
+            cache, created = await arun(self._caches.create(plan), self._caches.jobs), True
         try:
             if plan is None or cache is None:
                 return await self.inner.acompletion(**gemini_unmarked(call))
@@ -337,7 +336,7 @@ class CachingClient:
             return _with_cache_write(answer, cache.tokens) if created else answer
         finally:
             if self._caches.closing:
-                await self._caches.adelete()
+                await arun(self._caches.close(), self._caches.jobs)
 
     def _target(self, call: Mapping[str, Any]) -> Backend | None:
         """The explicit-cache backend ``call`` is addressed to, if any."""
@@ -491,3 +490,41 @@ def _priced(stats: "SessionStats", cache: OwnedCache) -> None:
     storage = cache.tokens * prices.storage_per_hour * stored_s / 3600
     stats.add_usd("cost_usd", storage)
     stats.add_usd("warm_cost_usd", storage)
+
+
+# ----------------------------------------------------------------- the strategy
+
+# Gemini bills explicit caches' storage per token-hour, a price litellm's map does not hold: Google's published
+# prices (ai.google.dev/gemini-api/docs/pricing, USD per 1M tokens per hour) for the models that have one.
+_STORAGE_PER_MTOK_HOUR = {"gemini-2.5-pro": 4.50, "gemini-2.5-flash": 1.00, "gemini-2.5-flash-lite": 1.00,
+                          "gemini-3-pro-preview": 4.50}
+
+
+class GeminiApi(ManagedApi):
+    """Gemini's strategy: with ``explicit_cache``, requests marked up to the conversation's last cache write, the
+    caches' storage priced, and a per-Session :class:`ExplicitCaches`."""
+
+    name = "gemini"
+
+    def marked(self, backend: Backend, call: Mapping[str, Any], marks: Marks) -> dict[str, Any]:
+        call = unsalted(call)
+        if not backend.explicit_cache:
+            return call
+        return gemini_marked(call, cache_end=marks.cache_end, ttl=backend.cache_retention)
+
+    def prices(self, backend: Backend) -> Prices | None:
+        served = backend.model.split("/", 1)[-1]
+        storage = _STORAGE_PER_MTOK_HOUR.get(served, 0.0) / 1e6 if backend.model.startswith("gemini/") else 0.0
+        return prices_for(backend.model, storage_per_hour=storage)
+
+    def cache_moves(self, backend: Backend, usage: Usage) -> bool:
+        return explicit_cache_moves(usage) if backend.explicit_cache else True
+
+    def session_part(self, backends: Sequence[Backend], context: SessionContext) -> "ExplicitCaches | None":
+        if not any(b.explicit_cache for b in backends):
+            return None
+        return ExplicitCaches(context.session_id, context.tenant, context.http, context.stats, backends=backends,
+                              jobs=context.jobs)
+
+
+GEMINI = GeminiApi()

@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ._server import Call, FakeServer, Reply, fake_tokens
+from agentkv.testing.providers.server import Call, FakeServer, JsonReply, fake_tokens
 
 __all__ = ["CHAT_PARAMS", "CONTEXT_WINDOWS", "CacheEntry", "FakeOpenAI", "RESPONSES_PARAMS", "Served"]
 
@@ -90,7 +90,7 @@ _VERSION = re.compile(r"^(?:ft:)?gpt-(\d+)(?:\.(\d+))?")
 class _Rejected(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.reply = Reply(status, {"error": {"message": message, "type": "invalid_request_error", "param": param,
+        self.reply = JsonReply(status, {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                               "code": code}})
 
 
@@ -276,19 +276,19 @@ class FakeOpenAI:
 
     # -- HTTP --------------------------------------------------------------------------------------------------
 
-    def _handle(self, call: Call) -> Reply:
+    def _handle(self, call: Call) -> JsonReply:
         try:
             self._check_key(call.headers.get("authorization"))
             if call.method == "GET" and call.path.rstrip("/") == "/v1/models":
-                return Reply(200, {"object": "list", "data": [self._model(m) for m in self.context_windows]})
+                return JsonReply(200, {"object": "list", "data": [self._model(m) for m in self.context_windows]})
             if call.method == "GET" and call.path.startswith("/v1/models/"):
-                return Reply(200, self._model(self._known(call.path.rsplit("/", 1)[1])))
+                return JsonReply(200, self._model(self._known(call.path.rsplit("/", 1)[1])))
             if call.method == "POST" and call.path == "/v1/chat/completions":
                 if isinstance(call.body, dict):
                     self.requests.append(call.body)
-                return Reply(200, self._chat(self._checked(call.body, CHAT_PARAMS)))
+                return JsonReply(200, self._chat(self._checked(call.body, CHAT_PARAMS)))
             if call.method == "POST" and call.path == "/v1/responses":
-                return Reply(200, self._responses(self._checked(call.body, RESPONSES_PARAMS)))
+                return JsonReply(200, self._responses(self._checked(call.body, RESPONSES_PARAMS)))
             raise _Rejected(404, f"Invalid URL ({call.method} {call.path})")
         except _Rejected as rejected:
             return rejected.reply

@@ -1,4 +1,4 @@
-"""What a request to a hosted model cost and what its cache read saved, priced from litellm's cost map.
+"""What a request to a managed API cost and what its cache read saved, priced from litellm's cost map.
 
     prices = prices_for("anthropic/claude-sonnet-4-5")      # litellm's per-token prices (imports litellm)
     usage = cache_usage(response_usage(response))           # the provider's cache write and read tokens
@@ -7,25 +7,19 @@
 Every provider's cache fields are read as litellm surfaces them: Anthropic's ``cache_creation_input_tokens`` and
 ``cache_read_input_tokens``, OpenAI's ``prompt_tokens_details.cached_tokens`` and ``cache_write_tokens``, Gemini's
 ``cachedContentTokenCount`` (litellm: ``cached_tokens``). Pure but for :func:`prices_for`, which reads litellm's map
-(on a warm's or an answer's background path, never on a request's).
+(on a warm's or an answer's background path, never on a request's). Each provider's strategy says which prices apply
+to a backend (:meth:`agentkv.providers.ProviderStrategy.prices`: Anthropic's 1-hour writes, Gemini's storage).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from agentkv._defaults import shared
-from agentkv.events import emit
+from agentkv._support.defaults import shared
 from agentkv.wire.usage import Usage, token_figure
 
-if TYPE_CHECKING:
-    from agentkv.backends import Backend
-    from agentkv.stats import SessionStats
-
-__all__ = ["CacheUsage", "Prices", "account", "cache_usage", "loaded_prices", "prices_for", "read_saving",
-           "request_cost"]
+__all__ = ["CacheUsage", "Prices", "cache_usage", "prices_for", "read_saving", "request_cost"]
 
 
 @dataclass(frozen=True)
@@ -82,23 +76,19 @@ def read_saving(usage: CacheUsage, prices: Prices) -> float:
     return usage.cache_read * max(0.0, prices.input - prices.cache_read)
 
 
-# Gemini bills explicit caches' storage per token-hour, a price litellm's map does not hold: Google's published
-# prices (ai.google.dev/gemini-api/docs/pricing, USD per 1M tokens per hour) for the models that have one.
-_STORAGE_PER_MTOK_HOUR = {"gemini-2.5-pro": 4.50, "gemini-2.5-flash": 1.00, "gemini-2.5-flash-lite": 1.00,
-                          "gemini-3-pro-preview": 4.50}
-
-
-def prices_for(model: str, *, ttl_1h: bool = False) -> Prices | None:
-    """litellm's prices for ``model`` (None when its map does not know it), remembered per process."""
-    key = ("prices", model, ttl_1h)
+def prices_for(model: str, *, ttl_1h: bool = False, storage_per_hour: float = 0.0) -> Prices | None:
+    """litellm's prices for ``model`` (None when its map does not know it; ``ttl_1h``: its 1-hour cache write price),
+    with ``storage_per_hour`` (USD per stored token-hour, which litellm's map does not hold), remembered per
+    process."""
+    key = ("prices", model, ttl_1h, storage_per_hour)
     found: dict[Any, Prices | None] = shared("litellm_prices", dict)
     if key not in found:
-        found[key] = _looked_up(model, ttl_1h)
+        found[key] = _looked_up(model, ttl_1h, storage_per_hour)
     return found[key]
 
 
-def _looked_up(model: str, ttl_1h: bool) -> Prices | None:
-    from agentkv._env import import_litellm
+def _looked_up(model: str, ttl_1h: bool, storage: float) -> Prices | None:
+    from agentkv._support.env import import_litellm
 
     try:
         info: Mapping[str, Any] = import_litellm().get_model_info(model)
@@ -109,8 +99,6 @@ def _looked_up(model: str, ttl_1h: bool) -> Prices | None:
         return None
     write = _price(info.get("cache_creation_input_token_cost_above_1hr" if ttl_1h else "cache_creation_input_token_cost"))
     read = _price(info.get("cache_read_input_token_cost"))
-    served = model.split("/", 1)[-1]
-    storage = _STORAGE_PER_MTOK_HOUR.get(served, 0.0) / 1e6 if model.startswith("gemini/") else 0.0
     return Prices(base, _price(info.get("output_cost_per_token")) or 0.0, base if write is None else write,
                   base if read is None else read, storage)
 
@@ -120,47 +108,3 @@ def _price(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         return None
     return float(value)
-
-
-def loaded_prices(backend: "Backend") -> Prices | None:
-    """litellm's prices for a hosted ``backend`` (its 1-hour write price under ``cache_retention="1h"``); None when
-    self-hosted, unpriced, or litellm is not loaded yet."""
-    if backend.self_hosted or "litellm" not in sys.modules:
-        return None
-    return prices_for(backend.model, ttl_1h=backend.cache_retention == "1h")
-
-
-def account(stats: "SessionStats", backend: "Backend", usage: Usage, *, warm: bool = False, escalation: bool = False,
-            session: str | None = None) -> None:
-    """A hosted answer's cache tokens and dollars into ``stats``; a warm's and an escalation's shares apart. Never
-    raises: an answer's accounting is diagnostics, and a turn never fails for it."""
-    if backend.self_hosted:
-        return
-    try:
-        _account(stats, backend, usage, warm=warm, escalation=escalation, session=session)
-    except Exception as exc:
-        emit("cost_unread", level="warning", backend=backend.label, error=type(exc).__name__, session=session)
-
-
-def _account(stats: "SessionStats", backend: "Backend", usage: Usage, *, warm: bool, escalation: bool,
-             session: str | None) -> None:
-    tokens = cache_usage(usage)
-    stats.add("cache_write_tokens", tokens.cache_write)
-    stats.add("cache_read_tokens", tokens.cache_read)
-    if warm:
-        stats.add("warm_cache_write_tokens", tokens.cache_write)
-    if escalation:
-        stats.add("escalation_cache_read_tokens", tokens.cache_read)
-    prices = loaded_prices(backend)
-    cost = saved = None
-    if prices is not None:
-        cost, saved = request_cost(tokens, prices), read_saving(tokens, prices)
-        stats.add_usd("cost_usd", cost)
-        stats.add_usd("cache_saved_usd", saved)
-        if warm:
-            stats.add_usd("warm_cost_usd", cost)
-        if escalation:
-            stats.add_usd("escalation_saved_usd", saved)
-    emit("warm_cost" if warm else "hosted_cache", backend=backend.label, prompt=tokens.prompt_tokens,
-         cache_write=tokens.cache_write, cache_read=tokens.cache_read, cost_usd=cost, saved_usd=saved,
-         escalation=escalation or None, session=session)

@@ -1,6 +1,6 @@
 """The loopback HTTP server every provider fake runs on, and the fakes' own tokenizer.
 
-A fake is a handler ``(Call) -> Reply`` served by :class:`FakeServer` on ``127.0.0.1`` (a free port), on a thread
+A fake is a handler ``(Call) -> JsonReply`` served by :class:`FakeServer` on ``127.0.0.1`` (a free port), on a thread
 of its own, stopped when its ``with`` block ends. Every call is recorded (method, path, query, headers, JSON body)
 so that tests read what litellm really sent.
 """
@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["Call", "FakeServer", "Reply", "fake_tokens"]
+__all__ = ["Call", "FakeServer", "JsonReply", "fake_tokens"]
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _MAX_BODY = 64 * 1024 * 1024
@@ -40,7 +40,7 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Reply:
+class JsonReply:
     """What the fake answers: a status and a JSON body (``headers`` added)."""
 
     status: int
@@ -51,7 +51,7 @@ class Reply:
 class FakeServer:
     """Serves ``handler`` on 127.0.0.1 until the ``with`` block ends; ``calls`` lists every request received."""
 
-    def __init__(self, handler: Callable[[Call], Reply], *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, handler: Callable[[Call], JsonReply], *, clock: Callable[[], float] = time.monotonic) -> None:
         self.handler, self.clock = handler, clock
         self.calls: list[Call] = []
         self._lock = threading.Lock()
@@ -80,7 +80,7 @@ class FakeServer:
             self._httpd.server_close()
             self._httpd = None
 
-    def record(self, call: Call) -> Reply:
+    def record(self, call: Call) -> JsonReply:
         with self._lock:
             self.calls.append(call)
         return self.handler(call)
@@ -99,7 +99,7 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             try:
                 body = json.loads(raw) if raw else None
             except ValueError:
-                self._send(Reply(400, {"error": {"message": "body is not JSON"}}))
+                self._send(JsonReply(400, {"error": {"message": "body is not JSON"}}))
                 return
             parts = urlsplit(self.path)
             call = Call(self.command, parts.path, parse_qs(parts.query),
@@ -107,10 +107,10 @@ def _handler_class(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             try:
                 reply = server.record(call)
             except Exception as exc:  # a bug in a fake answers 500, never hangs the client
-                reply = Reply(500, {"error": {"message": f"fake failed: {type(exc).__name__}: {exc}"}})
+                reply = JsonReply(500, {"error": {"message": f"fake failed: {type(exc).__name__}: {exc}"}})
             self._send(reply)
 
-        def _send(self, reply: Reply) -> None:
+        def _send(self, reply: JsonReply) -> None:
             data = json.dumps(reply.body).encode()
             self.send_response(reply.status)
             self.send_header("content-type", "application/json")

@@ -1,25 +1,31 @@
-"""The one HTTP seam: JSON GET and POST (and text GET for ``/metrics``), sync and async, and a raw POST whose answer
-is read as it arrives.
+"""The one HTTP seam: one request method per mode, one error.
 
 Everything agentkv asks a server outside a litellm completion goes through an :class:`HttpTransport`: the Session's
-``GET /v1/models``, ``POST /tokenize``, ``GET /metrics``, its raw warm-ahead and export POSTs, and the gateway's relayed
-requests (:meth:`HttpTransport.post`, a stream passed on chunk by chunk). Two implementations:
+``GET /v1/models``, ``POST /tokenize``, ``GET /metrics``, its warm-ahead and export POSTs, and the gateway's relayed
+requests. Two modes, each with the one error :class:`HttpError`:
+
+- :meth:`HttpTransport.request` (and its async twin :meth:`~HttpTransport.arequest`): any method, a JSON body (or
+  none), the answer parsed as JSON (``text=True``: as text, for ``/metrics``);
+- :meth:`HttpTransport.post`: a raw POST whose answer is read as it arrives (a stream passed on chunk by chunk);
+  :meth:`HttpTransport.start` writes one at once when the transport can.
+
+Two implementations:
 
 - :class:`HttpxTransport` (the default, :func:`default_http`): one pooled ``httpx.Client`` per process and one
   ``httpx.AsyncClient`` per event loop;
 - :class:`agentkv.gateway.upstream.Upstream`: the gateway's lean HTTP/1.1 client for its relayed POSTs (a tenth of
-  httpx's CPU per request), with its JSON calls served by an :class:`HttpxTransport` it holds;
+  httpx's CPU per request), with its JSON requests served by an :class:`HttpxTransport` it holds;
 
 and one fake, :class:`agentkv.testing.FakeHttp`, whose one handler serves the sync, the async and the raw path alike.
 
 ``timeout_s`` is a deadline for the whole call (connect, send, every byte of the answer), not a bound per
-read: a server trickling its answer a byte at a time is cut off at ``timeout_s`` (``HttpError.timed_out``).
+read: a server trickling its answer a byte at a time is cut off at ``timeout_s`` (``HttpError.kind == "timeout"``).
 An answer is read in pieces and refused past ``max_answer_bytes`` (16 MiB by default; a ``/tokenize`` answer
-for a million-token prompt is about 8 MiB), never held whole first.
+for a million-token prompt is about 8 MiB), never held whole first (``kind == "too_large"``).
 
     http = default_http()
-    models = http.get_json("http://127.0.0.1:8001/v1/models", timeout_s=3.0)
-    answer = await http.apost_json("http://127.0.0.1:8001/tokenize", {"prompt": "hi"}, timeout_s=5.0)
+    models = http.request("GET", "http://127.0.0.1:8001/v1/models", timeout_s=3.0)
+    answer = await http.arequest("POST", "http://127.0.0.1:8001/tokenize", json={"prompt": "hi"}, timeout_s=5.0)
 """
 
 from __future__ import annotations
@@ -28,26 +34,45 @@ import asyncio
 import re
 import threading
 import weakref
-from typing import Any, AsyncIterator, Mapping, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Literal, Mapping, Protocol, runtime_checkable
 
-from agentkv._defaults import process_default
+from agentkv._support.defaults import process_default
 
-__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpAnswer", "HttpError", "HttpTransport", "HttpxTransport", "StartedPost",
-           "default_http", "redact_url", "unsendable_header"]
+__all__ = ["DEFAULT_MAX_ANSWER_BYTES", "HttpAnswer", "HttpError", "HttpErrorKind", "HttpTransport", "HttpxTransport",
+           "StartedPost", "default_http", "redact_url", "unsendable_header"]
+
+HttpErrorKind = Literal["outage", "timeout", "status", "too_large"]
 
 
 class HttpError(Exception):
-    """A request got a non-2xx answer (``status_code`` set) or no answer at all (``status_code`` None)."""
+    """Every failure of the HTTP seam, by ``kind``:
 
-    def __init__(self, message: str, *, status_code: int | None = None, timed_out: bool = False) -> None:
+    - ``"outage"``: no answer (refused, unreachable, the connection closed without or inside one);
+    - ``"timeout"``: no whole answer within the call's deadline (or, for a raw POST, no byte for its read timeout);
+    - ``"status"``: an answer, but not a usable one (``status_code`` >= 400, or a body that does not parse);
+    - ``"too_large"``: an answer past the reader's bound.
+
+    ``status_code``: the answer's status when one came (without a ``kind``, an error with one is of kind "status",
+    one without of kind "outage"). ``reason``: how an outage or a timeout happened, when the transport knows it better
+    than the error's cause chain says (:func:`agentkv.retry.outage_cause`'s words: "refused", "unreachable",
+    "dropped", "incomplete"); httpx's own error, when there is one, is the ``__cause__``.
+
+        raise HttpError("503 from http://10.0.0.5:8000/tokenize", status_code=503)       # kind "status"
+        raise HttpError("no answer within 5 s", kind="timeout")
+    """
+
+    def __init__(self, message: str, *, kind: HttpErrorKind | None = None, status_code: int | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
+        self.kind: HttpErrorKind = kind or ("status" if status_code is not None else "outage")
         self.status_code = status_code
-        self.timed_out = timed_out
+        self.reason = reason
 
 
 class HttpAnswer(Protocol):
     """A raw POST's answer (:meth:`HttpTransport.post`): ``status_code``, ``headers`` (names lower-cased), and a body
-    read once, whole or as it arrives. Closing it before its end closes its connection (the backend aborts)."""
+    read once, whole or as it arrives (:class:`HttpError` when it breaks off; :class:`agentkv.errors.AnswerTooLarge`
+    when :meth:`aread` passes its bound). Closing it before its end closes its connection (the backend aborts)."""
 
     @property
     def status_code(self) -> int: ...
@@ -80,29 +105,17 @@ class StartedPost(Protocol):
 
 @runtime_checkable
 class HttpTransport(Protocol):
-    """JSON over HTTP (and text for Prometheus' ``/metrics``): every such method returns the parsed body (the text,
-    for ``get_text``) or raises :class:`HttpError`. And a raw POST (:meth:`post`) whose answer's body is left unread,
-    its failures raised as httpx's errors (the kinds :func:`agentkv.retry.outage_cause` reads); :meth:`start` writes
-    one at once when the transport can (None when it cannot: the caller then awaits :meth:`post`)."""
+    """The HTTP seam: a JSON (or text) request, sync and async, and a raw POST; every failure an :class:`HttpError`.
 
-    def get_json(self, url: str, *, timeout_s: float) -> Any: ...
+    :meth:`request` sends ``json`` (None: no body) with ``headers`` and returns the answer parsed (``text=True``: its
+    text). :meth:`post` returns once a raw POST's answer headers are in, its body unread; :meth:`start` writes one at
+    once when the transport can (None when it cannot: the caller then awaits :meth:`post`)."""
 
-    def get_text(self, url: str, *, timeout_s: float) -> str: ...
+    def request(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                timeout_s: float, text: bool = False) -> Any: ...
 
-    async def aget_text(self, url: str, *, timeout_s: float) -> str: ...
-
-    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any: ...
-
-    async def aget_json(self, url: str, *, timeout_s: float) -> Any: ...
-
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
-                         headers: Mapping[str, str] | None = None) -> Any: ...
-
-    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
-                  headers: Mapping[str, str] | None = None) -> Any: ...
-
-    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
-                         headers: Mapping[str, str] | None = None) -> Any: ...
+    async def arequest(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                       timeout_s: float, text: bool = False) -> Any: ...
 
     async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer: ...
 
@@ -130,34 +143,15 @@ class HttpxTransport:
         self._sync: Any = None
         self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
-    def get_json(self, url: str, *, timeout_s: float) -> Any:
-        return self._send("GET", url, None, timeout_s)
+    def request(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                timeout_s: float, text: bool = False) -> Any:
+        """``method`` ``url`` with the JSON body ``json`` (None: none): the answer parsed (its text with ``text``)."""
+        return self._send(method, url, json, timeout_s, _text if text else None, headers=headers)
 
-    def post_json(self, url: str, body: Any, *, timeout_s: float, headers: Mapping[str, str] | None = None) -> Any:
-        return self._send("POST", url, body, timeout_s, headers=headers)
-
-    def get_text(self, url: str, *, timeout_s: float) -> str:
-        return str(self._send("GET", url, None, timeout_s, _text))
-
-    async def aget_text(self, url: str, *, timeout_s: float) -> str:
-        return str(await self._asend("GET", url, None, timeout_s, _text))
-
-    async def aget_json(self, url: str, *, timeout_s: float) -> Any:
-        return await self._asend("GET", url, None, timeout_s)
-
-    async def apost_json(self, url: str, body: Any, *, timeout_s: float,
-                         headers: Mapping[str, str] | None = None) -> Any:
-        return await self._asend("POST", url, body, timeout_s, headers=headers)
-
-    def call_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
-                  headers: Mapping[str, str] | None = None) -> Any:
-        """Any method with a JSON body (or none) and headers: a provider's resources (Gemini's cachedContents)."""
-        return self._send(method, url, body, timeout_s, headers=headers)
-
-    async def acall_json(self, method: str, url: str, body: Any = None, *, timeout_s: float,
-                         headers: Mapping[str, str] | None = None) -> Any:
-        """:meth:`call_json` over the async client."""
-        return await self._asend(method, url, body, timeout_s, headers=headers)
+    async def arequest(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+                       timeout_s: float, text: bool = False) -> Any:
+        """:meth:`request` over this event loop's async client."""
+        return await self._asend(method, url, json, timeout_s, _text if text else None, headers=headers)
 
     async def post(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> HttpAnswer:
         """POST ``content`` (JSON) to ``url``; returns once the answer's headers are in (its body unread)."""
@@ -168,7 +162,10 @@ class HttpxTransport:
         request = client.build_request("POST", url, content=content, timeout=timeout,
                                        headers={**(headers or {}), "content-type": "application/json",
                                                 "accept-encoding": "identity"})  # the raw bytes go on as they are
-        return _HttpxAnswer(await client.send(request, stream=True), self.max_raw_bytes)
+        try:
+            return _HttpxAnswer(await client.send(request, stream=True), self.max_raw_bytes, url)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, url) from exc
 
     def start(self, url: str, content: bytes, headers: Mapping[str, str] | None = None) -> StartedPost | None:
         """None: httpx writes a request only when its answer is awaited (:meth:`post`)."""
@@ -185,7 +182,7 @@ class HttpxTransport:
               headers: Mapping[str, str] | None = None) -> Any:
         import httpx
 
-        from agentkv._http_deadline import deadline
+        from agentkv.http.deadline import deadline
 
         client = self._sync_client()  # made (once) outside the call's deadline
         try:
@@ -214,7 +211,7 @@ class HttpxTransport:
         try:
             answer, content = await asyncio.wait_for(call(), timeout_s)
         except asyncio.TimeoutError as exc:
-            raise HttpError(f"no whole answer within {timeout_s} s from {_path(url)}", timed_out=True) from exc
+            raise HttpError(f"no whole answer within {timeout_s} s from {_path(url)}", kind="timeout") from exc
         except httpx.HTTPError as exc:
             raise _transport_error(exc, url) from exc
         return (parse or _parsed)(_whole(answer, content.bytes()), url)
@@ -224,7 +221,7 @@ class HttpxTransport:
             if self._sync is None:
                 import httpx
 
-                from agentkv._http_deadline import DeadlineTransport
+                from agentkv.http.deadline import DeadlineTransport
 
                 self._sync = httpx.Client(transport=DeadlineTransport(httpx.Limits(max_keepalive_connections=32)))
             return self._sync
@@ -242,10 +239,10 @@ class HttpxTransport:
 
 
 class _HttpxAnswer:
-    """An httpx streamed response as an :class:`HttpAnswer`."""
+    """An httpx streamed response as an :class:`HttpAnswer` (httpx's errors raised as :class:`HttpError`)."""
 
-    def __init__(self, response: Any, max_bytes: int) -> None:
-        self._response, self._max_bytes = response, max_bytes
+    def __init__(self, response: Any, max_bytes: int, url: str) -> None:
+        self._response, self._max_bytes, self._url = response, max_bytes, url
         self.status_code: int = response.status_code
         self.headers: dict[str, str] = {k.lower(): v for k, v in response.headers.items()}
         self._closing: Any = None
@@ -262,8 +259,14 @@ class _HttpxAnswer:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def aiter_raw(self) -> AsyncIterator[bytes]:
-        return self._response.aiter_raw()  # type: ignore[no-any-return]
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        import httpx
+
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, self._url) from exc
 
     async def aclose(self) -> None:
         await self._response.aclose()
@@ -297,7 +300,8 @@ class _Capped:
     def add(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.size > self.limit:
-            raise HttpError(f"answer from {_path(self.url)} is larger than {self.limit} bytes; not read further")
+            raise HttpError(f"answer from {_path(self.url)} is larger than {self.limit} bytes; not read further",
+                            kind="too_large")
         self.parts.append(chunk)
 
     def bytes(self) -> bytes:
@@ -314,23 +318,24 @@ def _whole(answer: Any, content: bytes) -> Any:
 
 def _parsed(response: Any, url: str) -> Any:
     if response.status_code >= 400:
-        raise HttpError(f"{response.status_code} from {_path(url)}", status_code=response.status_code)
+        raise HttpError(f"{response.status_code} from {_path(url)}", kind="status", status_code=response.status_code)
     try:
         return response.json()
     except (ValueError, RecursionError) as exc:
-        raise HttpError(f"non-JSON answer from {_path(url)}", status_code=response.status_code) from exc
+        raise HttpError(f"non-JSON answer from {_path(url)}", kind="status", status_code=response.status_code) from exc
 
 
 def _text(response: Any, url: str) -> str:
     if response.status_code >= 400:
-        raise HttpError(f"{response.status_code} from {_path(url)}", status_code=response.status_code)
+        raise HttpError(f"{response.status_code} from {_path(url)}", kind="status", status_code=response.status_code)
     return str(response.text)
 
 
 def _transport_error(exc: BaseException, url: str) -> HttpError:
     import httpx
 
-    return HttpError(f"{type(exc).__name__} from {_path(url)}", timed_out=isinstance(exc, httpx.TimeoutException))
+    return HttpError(f"{type(exc).__name__} from {_path(url)}",
+                     kind="timeout" if isinstance(exc, httpx.TimeoutException) else "outage")
 
 
 def _path(url: str) -> str:

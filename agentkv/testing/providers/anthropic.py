@@ -58,7 +58,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping
 
-from ._server import Call, FakeServer, Reply, fake_tokens
+from agentkv.testing.providers.server import Call, FakeServer, JsonReply, fake_tokens
 
 __all__ = ["COUNT_FIELDS", "DEFAULT_MIN_CACHEABLE", "DEFAULT_MODELS", "DEFAULT_WINDOWS", "LOOKBACK_BLOCKS",
            "MAX_BREAKPOINTS", "MESSAGES_FIELDS", "MESSAGE_OVERHEAD", "CacheEntry", "FakeAnthropic",
@@ -313,14 +313,14 @@ class FakeAnthropic:
 
     # -- HTTP --------------------------------------------------------------------------------------------------
 
-    def _handle(self, call: Call) -> Reply:
+    def _handle(self, call: Call) -> JsonReply:
         request_id = f"req_fake_{next(self._ids):06d}"
         try:
             status, body = self._route(call)
         except FakeAnthropicError as error:
             status, body = error.status, {"type": "error", "error": {"type": error.kind, "message": error.message},
                                           "request_id": request_id}
-        return Reply(status, body, {"request-id": request_id})
+        return JsonReply(status, body, {"request-id": request_id})
 
     def _route(self, call: Call) -> tuple[int, Any]:
         if call.method == "POST" and call.path == "/v1/messages":

@@ -1,0 +1,91 @@
+"""Warm-ahead at a turn: consider it for the request (the policy decides, the state store's claim bounds it), and
+send the warm to where this conversation's escalation would go (a pool's replica for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+import agentkv._support.env as _env
+from agentkv._session import hosted
+from agentkv._session.attempts import Attempt, raw_warm_target, warm_body, warm_kwargs
+from agentkv._session.inputs import Facts
+from agentkv._session.parts import SessionParts
+from agentkv._support.effects import Call, Machine
+from agentkv.backends import Backend
+from agentkv.fleet import routing_headers
+from agentkv.telemetry import turns
+
+__all__ = ["maybe_warm", "rewarm_moved"]
+
+
+def maybe_warm(s: SessionParts, attempt: Attempt, known: Facts) -> Machine[None]:
+    """Consider warm-ahead for ``attempt`` and send it when due (in the background)."""
+    if s.slow is not None:
+        slow = _warm_target(s, known)
+        attempt.warm = yield Call(s.warm.consider, s.warm.aconsider, (attempt.payload,),
+                                  _warm_inputs(s, attempt, known, slow))
+        hosted.tally(s, s.backend("slow"), attempt.warm, escalated=False)
+        yield Call(_send_warm, _asend_warm, (s, attempt, slow))
+        turns.warmed(attempt)
+
+
+def _warm_target(s: SessionParts, known: Facts) -> Backend:
+    """Where this conversation's escalation would go now: a pool's replica for it (a warm there is claimed apart from
+    one on another replica, so a conversation moved off a replica that went down is warmed again on its new one)."""
+    slow = s.addressed("slow", known)
+    s.warm.retarget(slow.api_base if s.backend("slow").is_pool else None)
+    if s.residency is not None and s.backend("slow").is_pool:  # the ledger's view of this conversation's replica
+        followed = s.residency.ledger.follows(slow)
+        if followed:
+            s.residency.backend = slow
+        s.warm.residency = s.residency if followed else None  # a replica it does not follow: the cooldown decides
+    return slow
+
+
+def _warm_inputs(s: SessionParts, attempt: Attempt, known: Facts, slow: Backend) -> dict[str, Any]:
+    boundary = None if known.fast.window is None else known.fast.window - s.routing.output_floor
+    return dict(estimated_tokens=attempt.count.total, fast_window=known.fast.window,
+                routed_role=attempt.decision.role, model_known=known.slow_model_known,
+                enabled=_env.warm_ahead_enabled(), boundary_tokens=boundary, **hosted.inputs(s, slow))
+
+
+def rewarm_moved(s: SessionParts, attempt: Attempt, known: Facts) -> Machine[None]:
+    """(A health check's job) ``attempt``'s conversation lost the replica its warm sat on (``known`` has it down):
+    warm its next replica now."""
+    slow = _warm_target(s, known)
+    moved = yield Call(s.warm.moved, s.warm.amoved, (attempt.payload, attempt.count.total))
+    if moved:
+        yield Call(_send_warm, _asend_warm, (s, replace(attempt, warm="fire"), slow))
+
+
+async def _asend_warm(s: SessionParts, attempt: Attempt, slow: Backend) -> None:  # transitional
+    _send_warm(s, attempt, slow, asynchronous=True)
+
+
+def _send_warm(s: SessionParts, attempt: Attempt, slow: Backend, asynchronous: bool = False) -> None:
+    if not s.warm.wants_send(attempt.warm):
+        return
+    text = attempt.text  # a text completion warms ``/completions`` with its prompt
+    url = raw_warm_target(slow, text=text)
+    trace = None if attempt.span is None else (attempt.span, turns.warm_attributes(slow, attempt.count.total))
+    try:
+        if url is None and text:
+            raise ValueError("a text completion is warmed only by a raw POST to a self-hosted slow backend")
+        if url is not None:  # a raw POST: the same bytes as the request, no litellm import on the way
+            body = warm_body(slow, attempt.kwargs, s.cache_salt, raw=attempt.raw,
+                             keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
+            caller = attempt.headers if attempt.raw else attempt.kwargs.get("extra_headers")
+            headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
+            (s.warm.apost if asynchronous else s.warm.post)(url, body, s.http, headers, trace)
+            return
+        call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
+                           keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
+        if attempt.payload.messages is not None:  # a hosted slow's next requests mark where this warm wrote
+            s.cache_end = len(attempt.payload.messages)
+    except Exception as exc:  # building a warm never raises into the caller
+        s.warm.abandon(exc)
+        return
+    s.warm.accounted = None if slow.self_hosted else (slow, call)  # its answer's cost, the cache it created
+    (s.warm.asend if asynchronous else s.warm.send)(call, s.client, trace)
