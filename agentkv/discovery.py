@@ -29,11 +29,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from cachetools import TTLCache
 
 from agentkv._support.defaults import process_default, shared
+from agentkv._support.effects import Call, Machine, Offload, Raised, Returned, arun, run
 from agentkv.http.transport import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend, ServerInfo, WindowInfo, catalog_window, parse_models_response, positive_window
 from agentkv.events import emit
@@ -130,28 +132,27 @@ class WindowDiscovery:
         self._publishing: set[asyncio.Task[None]] = set()
         self._recent: dict[tuple[str, str, bool], tuple[WindowInfo, float]] = {}  # the last answers, and when
 
-    # --------------------------------------------------------------- answers (sync and async twins)
+    # --------------------------------------------------------------- answers (one machine, driven sync or async)
     def window(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
         """The backend's window (declared, corrected, server, then litellm's catalog; a server's overflow
         correcting a declared window downwards wins over it) and, unless
         ``model_known=False``, whether its model is known; may ``GET /models`` (cached) and, for cloud
         models, import litellm (a self-hosted model's catalog entry is read only once litellm is loaded)."""
-        shared = self._read_shared(backend, model_known)
-        needed = _needs_server(backend, model_known) or self._is_contested(backend)
-        info = _shared_info(shared) or (self.server_info(backend) if needed else None)
-        needed = _needs_catalog(backend, info, model_known) and _catalog_open(backend)
-        catalog = catalog_window(backend.model) if needed else None
-        return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
+        return run(self.finding(backend, model_known=model_known))
 
     async def awindow(self, backend: Backend, *, model_known: bool = True) -> WindowInfo:
         """:meth:`window` for async callers: HTTP is awaited, litellm's import runs on a worker thread."""
-        shared = await self._aread_shared(backend, model_known)
+        return await arun(self.finding(backend, model_known=model_known))
+
+    def finding(self, backend: Backend, *, model_known: bool = True) -> Machine[WindowInfo]:
+        """:meth:`window` as a machine: the store's read, the server's ``/models`` and the catalog are effects."""
+        shared = yield from self._reading_shared(backend, model_known)
         info = _shared_info(shared)
         if info is None and (_needs_server(backend, model_known) or self._is_contested(backend)):
-            info = await self.aserver_info(backend)
+            info = yield from self.fetching_info(backend)
         needed = _needs_catalog(backend, info, model_known) and _catalog_open(backend)
-        # on a worker thread: litellm's import, or a lookup (milliseconds) once it is loaded
-        catalog = await asyncio.to_thread(catalog_window, backend.model) if needed else None
+        # off the loop under the async driver: litellm's import, or a lookup (milliseconds) once it is loaded
+        catalog = (yield Offload(partial(catalog_window, backend.model))) if needed else None
         return self._remember(backend, model_known, self._resolve(backend, info, catalog, shared))
 
     def recent(self, backend: Backend, *, model_known: bool = True, max_age_s: float = 1.0) -> WindowInfo | None:
@@ -174,32 +175,23 @@ class WindowDiscovery:
 
     def server_info(self, backend: Backend) -> ServerInfo | None:
         """The cached or freshly fetched ``/models`` answer (the last good one while failing), or None."""
-        action, key, flight = self._next(backend)
-        if action == "fetch":
-            try:
-                result = self._fetch(backend)
-                self._landed(key, backend, result)
-                if isinstance(result, ServerInfo):
-                    self._publish(backend, SharedWindow(result.window, result.model_listed))
-            finally:
-                self._release(key, flight)
-        elif action == "wait":
-            flight.done.wait(self._timeout_s + 1.0)
-        return self._cached(key)[1]
+        return run(self.fetching_info(backend))
 
-    async def aserver_info(self, backend: Backend) -> ServerInfo | None:
-        """:meth:`server_info` over async HTTP, sharing the cache and the single flight."""
+    def fetching_info(self, backend: Backend) -> Machine[ServerInfo | None]:
+        """:meth:`server_info` as a machine, sharing the cache and the single flight with every caller."""
         action, key, flight = self._next(backend)
         if action == "fetch":
             try:
-                result = await self._afetch(backend)
+                answer = yield Call(self._http.request, self._http.arequest, ("GET", _models_url(backend)),
+                                    {"timeout_s": self._timeout_s}, captures=True)
+                result = _parsed(answer, backend)
                 self._landed(key, backend, result)
                 if isinstance(result, ServerInfo):
-                    await self._apublish(backend, SharedWindow(result.window, result.model_listed))
+                    yield from self._writing(backend, SharedWindow(result.window, result.model_listed))
             finally:
                 self._release(key, flight)
         elif action == "wait":
-            await flight.wait(self._timeout_s + 1.0)
+            yield Call(flight.done.wait, flight.wait, (self._timeout_s + 1.0,))
         return self._cached(key)[1]
 
     # --------------------------------------------------------------- corrections
@@ -242,21 +234,15 @@ class WindowDiscovery:
             return _key(backend) in self._contested
 
     # --------------------------------------------------------------- the shared store (if any)
-    def _read_shared(self, backend: Backend, model_known: bool) -> SharedWindow | None:
+    def _reading_shared(self, backend: Backend, model_known: bool) -> Machine[SharedWindow | None]:
         if self._state is None or not _shares(backend, model_known):
             return None
-        try:
-            return self._state.read_window(_store_key(backend))
-        except StateUnavailable:
-            return None  # this process's own cache answers
-
-    async def _aread_shared(self, backend: Backend, model_known: bool) -> SharedWindow | None:
-        if self._state is None or not _shares(backend, model_known):
-            return None
-        try:
-            return await self._state.aread_window(_store_key(backend))
-        except StateUnavailable:
-            return None
+        read = yield Call(self._state.read_window, self._state.aread_window, (_store_key(backend),), captures=True)
+        if isinstance(read, Raised):
+            if isinstance(read.error, StateUnavailable):
+                return None  # this process's own cache answers
+            raise read.error
+        return read.value  # type: ignore[no-any-return]
 
     def _publish(self, backend: Backend, window: SharedWindow) -> None:
         """Write to the store: directly on a plain thread, as a task on a running event loop."""
@@ -265,22 +251,19 @@ class WindowDiscovery:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            try:
-                self._state.write_window(_store_key(backend), window, self._ttl_s)
-            except StateUnavailable:
-                pass  # the others relearn it; this process has it
+            run(self._writing(backend, window))
             return
-        task = loop.create_task(self._apublish(backend, window))
+        task = loop.create_task(arun(self._writing(backend, window)))
         self._publishing.add(task)
         task.add_done_callback(self._publishing.discard)
 
-    async def _apublish(self, backend: Backend, window: SharedWindow) -> None:
+    def _writing(self, backend: Backend, window: SharedWindow) -> Machine[None]:
         if self._state is None:
             return
-        try:
-            await self._state.awrite_window(_store_key(backend), window, self._ttl_s)
-        except StateUnavailable:
-            pass
+        done = yield Call(self._state.write_window, self._state.awrite_window, (_store_key(backend), window, self._ttl_s),
+                          captures=True)
+        if isinstance(done, Raised) and not isinstance(done.error, StateUnavailable):
+            raise done.error  # unavailable: the others relearn it; this process has it
 
     def invalidate(self, backend: Backend | None = None) -> None:
         """Forget one backend's cached answers, or all of them."""
@@ -357,20 +340,6 @@ class WindowDiscovery:
             self._flights.pop(key, None)
         flight.land()
 
-    def _fetch(self, backend: Backend) -> ServerInfo | BaseException:
-        try:
-            return parse_models_response(self._http.request("GET", _models_url(backend), timeout_s=self._timeout_s),
-                                         backend.served_model)
-        except (HttpError, ValueError) as exc:
-            return exc
-
-    async def _afetch(self, backend: Backend) -> ServerInfo | BaseException:
-        try:
-            answer = await self._http.arequest("GET", _models_url(backend), timeout_s=self._timeout_s)
-            return parse_models_response(answer, backend.served_model)
-        except (HttpError, ValueError) as exc:
-            return exc
-
     def _landed(self, key: tuple[str, str], backend: Backend, result: ServerInfo | BaseException) -> None:
         if isinstance(result, ServerInfo):
             self._succeeded(key, backend, result)
@@ -398,6 +367,18 @@ class WindowDiscovery:
         emit("discovery_failed", level="warning" if streak == 1 else "debug", backend=backend.label,
              error=type(exc).__name__, status_code=getattr(exc, "status_code", None), failures=streak,
              retry_in_s=backoff)
+
+
+def _parsed(answer: Returned[Any] | Raised, backend: Backend) -> ServerInfo | BaseException:
+    """A ``/models`` answer parsed, or what failed (an HTTP error, or an answer that is not one)."""
+    if isinstance(answer, Raised):
+        if isinstance(answer.error, HttpError):
+            return answer.error
+        raise answer.error
+    try:
+        return parse_models_response(answer.value, backend.served_model)
+    except ValueError as exc:
+        return exc
 
 
 def _needs_server(backend: Backend, model_known: bool) -> bool:

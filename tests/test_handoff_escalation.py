@@ -147,7 +147,8 @@ class _Counter:
     def token_ids(self, payload, *, add_generation_prompt=True):
         return list(range(64)), True
 
-    async def atoken_ids(self, payload, *, add_generation_prompt=True):
+    def ids(self, payload, *, add_generation_prompt=True):
+        yield from ()
         return list(range(64)), True
 
 

@@ -61,8 +61,7 @@ def _window(s: SessionParts, backend: Backend, down: frozenset[str], *, model_kn
     """One backend's window info: a pool's is its smallest replica's up (a disagreement is warned of once)."""
     infos: list[WindowInfo] = []
     for member in s.members(backend, down):
-        infos.append((yield Call(s.discovery.window, s.discovery.awindow, (member,),
-                                 {} if model_known else {"model_known": False})))
+        infos.append((yield from s.discovery.finding(member, model_known=model_known)))
     if len(infos) == 1 or all(info == infos[0] for info in infos):
         return infos[0]
     info, differing = pool_window(infos)
@@ -82,7 +81,7 @@ _WARNED: set[tuple[str, tuple[int, ...]]] = set()  # (pool, windows) warned of, 
 def count(s: SessionParts, kwargs: Mapping[str, Any], payload: Payload, known: Facts) -> Machine[TokenCount]:
     """Fast's count: the local estimate, or the exact one where a decision depends on it."""
     counter = s.counter(s.fast)
-    counted: TokenCount = yield Call(counter.count_for, counter.acount_for, (payload, decides(s, kwargs, known)))
+    counted: TokenCount = yield from counter.counting_for(payload, decides(s, kwargs, known))
     return counted
 
 
@@ -99,7 +98,7 @@ def recount(s: SessionParts, attempt: Attempt) -> Machine[TokenCount]:
     if attempt.count.exact and attempt.backend.label == s.fast.label:
         return attempt.count
     counter = s.counter(attempt.backend)
-    counted: TokenCount = yield Call(counter.count, counter.acount, (attempt.payload,))
+    counted: TokenCount = yield from counter.counting(attempt.payload)
     if counted.exact:
         counter.learn(attempt.payload, counted.total, origin="recovery")
     return counted

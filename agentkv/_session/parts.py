@@ -167,14 +167,14 @@ class SessionParts:
         slow = self.slow
         self.warm = WarmAhead(self.warm_ahead, self.state, self.session_stats, self.jobs, session_id=self.session_id,
                               tenant=self.tenant, clock=clock,
-                              tenant_key=None if self.tenant is None else self.tenant_digest)
-        self.warm.ejections, self.warm.cooloff_s = self.ejections, self.retry.replica_cooloff_s
+                              tenant_key=None if self.tenant is None else self.tenant_digest,
+                              ejections=self.ejections, cooloff_s=self.retry.replica_cooloff_s)
         self.cache_ledger = ledger
         followed = [b for b in self.members(slow) if ledger.follows(b)] if ledger is not None and slow else []
         self.residency: SlowResidency | None = None  # event-aware warms' view of slow (a pool's: its replica, per turn)
         if ledger is not None and slow is not None and followed:
             self.residency = SlowResidency(ledger, followed[0], self.cache_salt, self.counter(slow))
-            self.warm.attach(self.residency)
+            self.warm.follow(self.residency)
 
     def closing(self) -> "Machine[None]":
         """Refuse requests from now on; what a provider's part holds outside (Gemini's caches) is released in the

@@ -24,7 +24,7 @@ from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload, TokenCounter
-from agentkv._support.effects import Call, Machine, Spawn
+from agentkv._support.effects import Machine, Spawn
 
 if TYPE_CHECKING:
     from agentkv.cache_ledger import CacheLedger
@@ -88,7 +88,7 @@ def predicting(prediction: Prediction, counter: TokenCounter, payload: Payload, 
 def _predict(prediction: Prediction, counter: TokenCounter, payload: Payload, salt: str | None,
              sent_at: float) -> Machine[None]:
     try:
-        ids = yield Call(counter.token_ids, counter.atoken_ids, (payload,))
+        ids = yield from counter.ids(payload)
         _resident(prediction, ids, salt, sent_at)
     except Exception as exc:  # a prediction never raises into anyone
         emit("ledger.prediction_failed", level="debug", error=type(exc).__name__)

@@ -30,7 +30,7 @@ from agentkv._session.inputs import check_headers, request_payload
 from agentkv._session.parts import DEFAULT_REQUEST_TIMEOUT_S, SessionOptions, SessionParts, session_signature
 from agentkv._session.turn import TurnEnd, next_try, opening, turn
 from agentkv._session.warm_prefix import prefix_report
-from agentkv._support.effects import Call, Machine, arun, run
+from agentkv._support.effects import Machine, arun, run
 from agentkv.backends import Backend
 from agentkv.prefix import PrefixReport
 from agentkv.protocols import Observation
@@ -405,7 +405,7 @@ def _prefix_report(p: SessionParts) -> Machine[PrefixReport | None]:
         return None
     previous, current = p.history[-2:]
     counter = p.counter(p.fast)
-    before = yield Call(counter.token_ids, counter.atoken_ids, (previous,), {"add_generation_prompt": False})
-    now = yield Call(counter.token_ids, counter.atoken_ids, (current,))
+    before = yield from counter.ids(previous, add_generation_prompt=False)
+    now = yield from counter.ids(current)
     return prefix_report(previous, current, before, now)
 

@@ -12,7 +12,7 @@ from agentkv.events import emit
 from agentkv.prefix import PrefixReport, build_report, explain_divergence
 from agentkv.stats import SessionStats
 from agentkv.tokens import Payload, TokenCounter
-from agentkv._support.effects import Call, Machine, Spawn
+from agentkv._support.effects import Machine, Spawn
 
 __all__ = ["check_warm_prefix", "checking_warm_prefix", "prefix_report"]
 
@@ -35,8 +35,8 @@ def check_warm_prefix(counter: TokenCounter, warmed: Payload, sent: Payload, sta
     """Warn when the warmed prompt is not a prefix of the escalated one (a diagnostic: its failure is logged, never
     raised into anyone)."""
     try:
-        before = yield Call(counter.token_ids, counter.atoken_ids, (warmed,), {"add_generation_prompt": False})
-        now = yield Call(counter.token_ids, counter.atoken_ids, (sent,))
+        before = yield from counter.ids(warmed, add_generation_prompt=False)
+        now = yield from counter.ids(sent)
     except Exception as exc:
         emit("diagnostic_failed", level="debug", error=type(exc).__name__)
         return

@@ -1,10 +1,12 @@
-"""Warm-ahead at a turn: consider it for the request (the policy decides, the state store's claim bounds it), and
-send the warm to where this conversation's escalation would go (a pool's replica for it).
+"""Warm-ahead at a turn: consider it for the request (the policy decides, the state store's claim bounds it), plan the
+warm (:class:`~agentkv.warm.sender.WarmPlan`: what it sends to where this conversation's escalation would go, a pool's
+replica for it) and spawn the sender's executor on that plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any, Mapping
 
 import agentkv._support.env as _env
@@ -12,22 +14,23 @@ from agentkv._session import hosted
 from agentkv._session.attempts import Attempt, raw_warm_target, warm_body, warm_kwargs
 from agentkv._session.inputs import Facts
 from agentkv._session.parts import SessionParts
-from agentkv._support.effects import Call, Machine
+from agentkv._support.effects import Machine, Spawn
 from agentkv.backends import Backend
 from agentkv.fleet import routing_headers
 from agentkv.telemetry import turns
+from agentkv.warm.sender import Claimed, WarmPlan, WarmRequest
 
 __all__ = ["maybe_warm", "rewarm_moved"]
 
 
 def maybe_warm(s: SessionParts, attempt: Attempt, known: Facts) -> Machine[None]:
-    """Consider warm-ahead for ``attempt`` and send it when due (in the background)."""
+    """Consider warm-ahead for ``attempt`` and, when due, spawn its plan's executor (in the background)."""
     if s.slow is not None:
         slow = _warm_target(s, known)
-        attempt.warm = yield Call(s.warm.consider, s.warm.aconsider, (attempt.payload,),
-                                  _warm_inputs(s, attempt, known, slow))
+        claim = yield from s.warm.considering(attempt.payload, **_warm_inputs(s, attempt, known, slow))
+        attempt.warm = claim.outcome
         hosted.tally(s, s.backend("slow"), attempt.warm, escalated=False)
-        yield Call(_send_warm, _asend_warm, (s, attempt, slow))
+        yield from _sending(s, attempt, slow, claim)
         turns.warmed(attempt)
 
 
@@ -40,7 +43,7 @@ def _warm_target(s: SessionParts, known: Facts) -> Backend:
         followed = s.residency.ledger.follows(slow)
         if followed:
             s.residency.backend = slow
-        s.warm.residency = s.residency if followed else None  # a replica it does not follow: the cooldown decides
+        s.warm.follow(s.residency if followed else None)  # a replica it does not follow: the cooldown decides
     return slow
 
 
@@ -55,37 +58,41 @@ def rewarm_moved(s: SessionParts, attempt: Attempt, known: Facts) -> Machine[Non
     """(A health check's job) ``attempt``'s conversation lost the replica its warm sat on (``known`` has it down):
     warm its next replica now."""
     slow = _warm_target(s, known)
-    moved = yield Call(s.warm.moved, s.warm.amoved, (attempt.payload, attempt.count.total))
-    if moved:
-        yield Call(_send_warm, _asend_warm, (s, replace(attempt, warm="fire"), slow))
+    claim = yield from s.warm.moving(attempt.payload, attempt.count.total)
+    if claim.outcome == "fire":
+        yield from _sending(s, replace(attempt, warm="fire"), slow, claim)
 
 
-async def _asend_warm(s: SessionParts, attempt: Attempt, slow: Backend) -> None:  # transitional
-    _send_warm(s, attempt, slow, asynchronous=True)
-
-
-def _send_warm(s: SessionParts, attempt: Attempt, slow: Backend, asynchronous: bool = False) -> None:
-    if not s.warm.wants_send(attempt.warm):
+def _sending(s: SessionParts, attempt: Attempt, slow: Backend, claim: Claimed) -> Machine[None]:
+    """Plan the claimed warm and spawn its executor; a warm that cannot be built gives its claim back."""
+    if not claim.sends:
         return
+    try:
+        plan = _planned(s, attempt, slow, claim)
+    except Exception as exc:  # building a warm never raises into the caller
+        yield from s.warm.abandoning(claim, exc)
+        return
+    yield Spawn(partial(s.warm.sending, plan, s.http, s.client), s.warm.timeout_s(plan))
+
+
+def _planned(s: SessionParts, attempt: Attempt, slow: Backend, claim: Claimed) -> WarmPlan:
+    """What the warm sends: the same bytes as the request in a raw POST where the slow server takes one, else a
+    one-token litellm call (a managed slow's next requests then mark where this warm wrote)."""
     text = attempt.text  # a text completion warms ``/completions`` with its prompt
     url = raw_warm_target(slow, text=text)
     trace = None if attempt.span is None else (attempt.span, turns.warm_attributes(slow, attempt.count.total))
-    try:
-        if url is None and text:
-            raise ValueError("a text completion is warmed only by a raw POST to a self-hosted slow backend")
-        if url is not None:  # a raw POST: the same bytes as the request, no litellm import on the way
-            body = warm_body(slow, attempt.kwargs, s.cache_salt, raw=attempt.raw,
-                             keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
-            caller = attempt.headers if attempt.raw else attempt.kwargs.get("extra_headers")
-            headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
-            (s.warm.apost if asynchronous else s.warm.post)(url, body, s.http, headers, trace)
-            return
-        call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
-                           keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
-        if attempt.payload.messages is not None:  # a hosted slow's next requests mark where this warm wrote
-            s.cache_end = len(attempt.payload.messages)
-    except Exception as exc:  # building a warm never raises into the caller
-        s.warm.abandon(exc)
-        return
-    s.warm.accounted = None if slow.self_hosted else (slow, call)  # its answer's cost, the cache it created
-    (s.warm.asend if asynchronous else s.warm.send)(call, s.client, trace)
+    plan = WarmPlan(claim, WarmRequest(), replica=s.warm.replica, trace=trace,
+                    residency=s.warm.residency if claim.check else None)
+    if url is None and text:
+        raise ValueError("a text completion is warmed only by a raw POST to a self-hosted slow backend")
+    if url is not None:
+        body = warm_body(slow, attempt.kwargs, s.cache_salt, raw=attempt.raw,
+                         keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
+        caller = attempt.headers if attempt.raw else attempt.kwargs.get("extra_headers")
+        headers = routing_headers(slow, s.routing_key, caller if isinstance(caller, Mapping) else None)
+        return replace(plan, request=WarmRequest(url=url, body=body, headers=headers))
+    call = warm_kwargs(slow, attempt.kwargs, s.cache_salt, s.warm_ahead.timeout_s,
+                       keep_caller_salt=attempt.keeps_caller_salt, routing_key=s.routing_key)
+    if attempt.payload.messages is not None:
+        s.cache_end = len(attempt.payload.messages)
+    return replace(plan, request=WarmRequest(call=call), accounted=None if slow.self_hosted else slow)

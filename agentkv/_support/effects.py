@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Generator, Generic, Mapping, TypeVar, Union
 
+from agentkv._support.defaults import shared
 from agentkv._support.jobs import BackgroundJobs
 from agentkv.events import emit
 
@@ -91,7 +92,7 @@ Effect = Union[Call, Wait, Spawn, Offload]
 Machine = Generator[Effect, Any, R]
 
 
-def run(machine: Machine[R], jobs: BackgroundJobs) -> R:
+def run(machine: Machine[R], jobs: BackgroundJobs | None = None) -> R:
     """Carry ``machine`` to its end, performing each effect it yields; return what it returns."""
     value: Any = None
     error: BaseException | None = None
@@ -108,14 +109,14 @@ def run(machine: Machine[R], jobs: BackgroundJobs) -> R:
             elif isinstance(effect, Wait):
                 effect.sleep(effect.delay_s)
             elif isinstance(effect, Spawn):
-                _spawn(effect, jobs)
+                _spawn(effect, jobs or _process_jobs())
             else:
                 value = effect.fn()
         except Exception as exc:  # the machine decides what a failed effect means
             value, error = _failed(effect, exc)
 
 
-async def arun(machine: Machine[R], jobs: BackgroundJobs) -> R:
+async def arun(machine: Machine[R], jobs: BackgroundJobs | None = None) -> R:
     """The async driver: as :func:`run`, each call awaited and the background started as tasks."""
     value: Any = None
     error: BaseException | None = None
@@ -132,11 +133,17 @@ async def arun(machine: Machine[R], jobs: BackgroundJobs) -> R:
             elif isinstance(effect, Wait):
                 await effect.asleep(effect.delay_s)
             elif isinstance(effect, Spawn):
-                jobs.task(_aquiet(effect.job(), jobs), effect.timeout_s)
+                held = jobs or _process_jobs()
+                held.task(_aquiet(effect.job(), held), effect.timeout_s)
             else:
                 value = await asyncio.to_thread(effect.fn)
         except Exception as exc:
             value, error = _failed(effect, exc)
+
+
+def _process_jobs() -> BackgroundJobs:
+    """The jobs a machine spawns on when its driver was given none (a machine of a count or a cache, run alone)."""
+    return shared("background_jobs", BackgroundJobs)
 
 
 def _spawn(effect: Spawn, jobs: BackgroundJobs) -> None:

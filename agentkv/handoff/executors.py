@@ -169,7 +169,7 @@ def slow_cold(warmed: Payload | None, residency: Any) -> Machine[str | None]:
     if warmed is not None and residency is not None:
         try:
             counter, ledger, backend = residency.counter, residency.ledger, residency.backend
-            ids, exact = yield Call(counter.token_ids, counter.atoken_ids, (warmed,), {"add_generation_prompt": False})
+            ids, exact = yield from counter.ids(warmed, add_generation_prompt=False)
             size = ledger.block_size(backend)
             if exact and ledger.live(backend) and size:
                 held, tokens = residency.held(ids), len(ids)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from agentkv._support.effects import Machine, run
 from agentkv.http.transport import HttpTransport
 from agentkv.backends import Backend
 from agentkv.events import emit
@@ -91,19 +92,15 @@ class TokenCounter:
 
     def count_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
         """The estimate when ``decides(low, high)`` says its interval is enough, else :meth:`count`."""
-        estimate = self.estimate(payload)
-        if self._estimate_suffices(estimate, payload, decides):
-            return estimate
-        self.exact_asked += 1
-        return self._checked(estimate, payload, self.count(payload))
+        return run(self.counting_for(payload, decides))
 
-    async def acount_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> TokenCount:
-        """:meth:`count_for` for async callers."""
+    def counting_for(self, payload: Payload, decides: Callable[[int, int], bool]) -> Machine[TokenCount]:
+        """:meth:`count_for` as a machine (a server's count an effect): the Session's turn yields from it."""
         estimate = self.estimate(payload)
         if self._estimate_suffices(estimate, payload, decides):
             return estimate
         self.exact_asked += 1
-        return self._checked(estimate, payload, await self.acount(payload))
+        return self._checked(estimate, payload, (yield from self.counting(payload)))
 
     def learn(self, payload: Payload, exact: int, *, origin: str = "usage", session: str | None = None) -> bool:
         """Teach :attr:`bound` an exact count of ``payload`` taken elsewhere (a response's ``usage.prompt_tokens``,
@@ -158,32 +155,29 @@ class TokenCounter:
 
     def count(self, payload: Payload) -> TokenCount:
         """The best count any source can give; a failing source is logged and skipped."""
-        return _first_count(self.sources, payload, self._label)
+        return run(self.counting(payload))
 
-    async def acount(self, payload: Payload) -> TokenCount:
-        """:meth:`count` for async callers: server sources are asked over async HTTP."""
+    def counting(self, payload: Payload) -> Machine[TokenCount]:
+        """:meth:`count` as a machine: a server source's count is an effect."""
         for source in self.sources:
             try:
-                return await source.acount(payload) if isinstance(source, ServerSource) else source.count(payload)
+                if isinstance(source, ServerSource):
+                    return (yield from source.counting(payload))
+                return source.count(payload)
             except CountUnavailable as exc:
                 emit("count_source_unavailable", level="debug", backend=self._label, source=source.name, reason=str(exc))
         raise AssertionError("CharSource never fails")  # pragma: no cover
 
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> tuple[list[int], bool]:
         """Rendered token ids and whether they are exact (a cl100k/ChatML rendering otherwise)."""
-        for source in self._id_sources():
-            try:
-                return source.token_ids(payload, add_generation_prompt=add_generation_prompt), True
-            except CountUnavailable:
-                continue
-        return _approximate_ids(payload, add_generation_prompt), False
+        return run(self.ids(payload, add_generation_prompt=add_generation_prompt))
 
-    async def atoken_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> tuple[list[int], bool]:
-        """:meth:`token_ids` for async callers: the server is asked over async HTTP."""
+    def ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> Machine[tuple[list[int], bool]]:
+        """:meth:`token_ids` as a machine: the server's ids are an effect."""
         for source in self._id_sources():
             try:
                 if isinstance(source, ServerSource):
-                    return await source.atoken_ids(payload, add_generation_prompt=add_generation_prompt), True
+                    return (yield from source.ids(payload, add_generation_prompt=add_generation_prompt)), True
                 return source.token_ids(payload, add_generation_prompt=add_generation_prompt), True
             except CountUnavailable:
                 continue

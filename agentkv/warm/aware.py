@@ -14,11 +14,11 @@ its prefix-cache lookup, so :meth:`~agentkv.cache_ledger.CacheLedger.cross_check
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from agentkv._support.effects import Call, Machine, Wait, run
 from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.tokens import TokenCounter
@@ -124,22 +124,31 @@ class SlowResidency:
             self._warmed = (ids, 0)
 
     def settle(self, ids: list[int]) -> None:
-        """Wait (up to ``settle_s``, in a worker thread: at most two such waits at once) for the ledger to show a sent
-        warm's blocks, then remember."""
-        if not _SETTLING.acquire(blocking=False):
+        """Wait (up to ``settle_s``) for the ledger to show a sent warm's blocks, then remember."""
+        run(self.settling(ids))
+
+    def settling(self, ids: list[int]) -> Machine[None]:
+        """:meth:`settle` as a machine (its polls are :class:`~agentkv._support.effects.Wait` effects): a worker
+        thread waits only while it holds one of two slots (else it confirms at once); a task always waits."""
+        slot = yield Call(_settling_slot, _no_slot)
+        if slot is False:
             self._confirmed(ids, self._settled(ids))
             return
         try:
             deadline = time.monotonic() + self.settle_s
             while not (settled := self._settled(ids)) and self.ledger.live(self.backend) and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
+                yield Wait(_POLL_S)
         finally:
-            _SETTLING.release()
+            if slot:
+                _SETTLING.release()
         self._confirmed(ids, settled)
 
-    async def asettle(self, ids: list[int]) -> None:
-        """The async twin of :meth:`settle` (the wait is ``asyncio.sleep``)."""
-        deadline = time.monotonic() + self.settle_s
-        while not (settled := self._settled(ids)) and self.ledger.live(self.backend) and time.monotonic() < deadline:
-            await asyncio.sleep(_POLL_S)
-        self._confirmed(ids, settled)
+
+def _settling_slot() -> bool:
+    """One of the two settle slots for a worker thread (False: both held, it does not wait)."""
+    return _SETTLING.acquire(blocking=False)
+
+
+async def _no_slot() -> None:
+    """A task needs no slot: its waits hold no thread."""
+    return None

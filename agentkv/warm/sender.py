@@ -1,13 +1,14 @@
-"""Sending warm-ahead requests: one Session's guards in order, then a daemon thread or an asyncio task.
+"""Sending warm-ahead requests, as a decision, a plan and an executor.
 
-The decision is :func:`agentkv.warm.policy.decide_warm` (pure); :class:`WarmAhead` adds the stateful
-guards (tenant-scoped cooldown, in-flight bound) through a :class:`~agentkv.state.StateStore` (one
-process's, or a fleet's through Redis: unreachable, the warm is skipped), counts every outcome, and sends the
-one-token request without ever blocking or raising into the caller. It is handed data (the request,
-the client), never callbacks into the Session.
+The decision is :func:`agentkv.warm.policy.decide_warm` (pure). :meth:`WarmAhead.considering` adds the stateful guards
+(tenant-scoped cooldown, in-flight bound: :mod:`agentkv.warm.claims`, through a :class:`~agentkv.state.StateStore`, one
+process's or a fleet's through Redis: unreachable, the warm is skipped), counts every outcome, and returns a
+:class:`Claimed`. The turn builds a :class:`WarmPlan` from it (what is sent, to which replica, under which lease, and
+whether its send waits on what the slow server holds) and spawns :meth:`WarmAhead.sending`, the executor: a machine
+(:mod:`agentkv._support.effects`) that reads only its plan, run on a daemon thread or as a task, never blocking or
+raising into the caller. No one sets a field of the sender: it is handed data, never callbacks into the Session.
 
-Threads are daemons and every warm has a timeout, so closing a Session or exiting the interpreter
-never waits on one. Context variables are copied into the worker (a thread does not inherit them).
+Threads are daemons and every warm has a timeout, so closing a Session or exiting the interpreter never waits on one.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 import collections
 import numbers
 import time
-from typing import Any, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Callable, Mapping
 
+from agentkv._support.effects import Call, Machine, Raised
 from agentkv._support.jobs import BackgroundJobs
 from agentkv.http.transport import HttpTransport, redact_url
 from agentkv.errors import ConfigurationError
@@ -30,24 +34,68 @@ from agentkv.tokens import Payload
 from agentkv.tokens.payload import detached
 from agentkv.fleet.breaker import Evidence
 from agentkv.state.ejections import DEFAULT_COOLOFF_S, Ejections
-from agentkv.state.protocol import Lease, StateStore, StateUnavailable, WarmClaim
+from agentkv.state.protocol import Lease, StateStore
 from agentkv.warm.aware import SlowResidency
+from agentkv.warm.claims import EVENT_SEP, claimed, conversation_claim, event_claim, event_namespace, released
 from agentkv.warm.economics import TurnSample
 from agentkv.warm.events import SENDS, EventOutcome
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
 from agentkv.wire.usage import report_rejected, response_usage
 
-__all__ = ["WarmAhead"]
+__all__ = ["Claimed", "WarmAhead", "WarmPlan", "WarmRequest", "event_namespace"]
 
 _COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even",
                   "below_cache_minimum", "cost")
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
-_Job = Callable[[], Any]
-_EVENT_SEP = "\x00"  # no tenant name holds it, so no tenant's cooldown map is another's event namespace
 
 
 WarmTrace = tuple[Any, dict[str, Any]]  # the turn's span (the warm's parent) and the warm span's attributes
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What :meth:`WarmAhead.considering` decided for a request: its ``outcome`` ("fire" or why not) and the
+    ``lease`` a fired warm holds; ``check``: the send is decided in the job from what the slow server holds
+    (event-aware), for ``payload`` (the prompt as sent), ``claimed`` saying whether it holds the conversation's
+    claim and ``owns`` whether it holds the residency's one check at a time."""
+
+    outcome: str
+    lease: Lease | None = None
+    check: bool = False
+    claimed: bool = False
+    owns: bool = False
+    payload: Payload | None = field(default=None, repr=False)
+
+    @property
+    def sends(self) -> bool:
+        """Whether a warm is built and spawned for this request."""
+        return self.outcome == "fire" or self.check
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """A warm's request: a raw POST of ``body`` (with ``headers``) to ``url``, or, with no ``url``, ``call`` (litellm
+    kwargs) through the Session's completion client."""
+
+    url: str | None = None
+    body: Mapping[str, Any] | None = field(default=None, repr=False)
+    headers: Mapping[str, str] | None = field(default=None, repr=False)
+    call: Mapping[str, Any] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class WarmPlan:
+    """Everything :meth:`WarmAhead.sending` acts on: the claim, the request, the pool ``replica`` it goes to (None:
+    not a pool), the managed slow backend whose answer is ``accounted`` (cost, cache writes), the ``trace`` (the
+    turn's span and the warm span's attributes) and, for a check, the ``residency`` it reads."""
+
+    claimed: Claimed
+    request: WarmRequest
+    replica: str | None = None
+    accounted: Backend | None = None
+    trace: WarmTrace | None = None
+    residency: SlowResidency | None = None
 
 
 def _checked_clock(clock: Callable[[], float]) -> Callable[[], float]:
@@ -62,42 +110,33 @@ def _checked_clock(clock: Callable[[], float]) -> Callable[[], float]:
     return clock
 
 
-def event_namespace(tenant: str | None) -> str:
-    """The namespace of a tenant's re-warm and top-up claims (a tenant named ``acme#event`` cannot reach acme's)."""
-    return f"{tenant or ''}{_EVENT_SEP}event"
-
-
 class WarmAhead:
-    """Warm-ahead for one (tenant, session): ``consider``/``aconsider`` decide and claim through the
-    :class:`~agentkv.state.StateStore`, ``send``/``asend`` go out and give the lease back.
+    """Warm-ahead for one (tenant, session): :meth:`considering` decides and claims, :meth:`sending` executes a
+    :class:`WarmPlan` and gives the lease back.
 
     It keeps the conversation's last ``policy.growth_turns`` (``clock()``, tokens) samples for the
-    break-even gate: bounded, and no I/O."""
+    break-even gate: bounded, and no I/O. ``ejections``: where a pool replica a warm found down is marked."""
 
     def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats, jobs: BackgroundJobs,
                  *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic,
-                 tenant_key: str | None = None) -> None:
+                 tenant_key: str | None = None, ejections: Ejections | None = None,
+                 cooloff_s: float = DEFAULT_COOLOFF_S) -> None:
         self.policy = policy
         self._store, self._stats, self._jobs = store, stats, jobs
-        if tenant is not None and _EVENT_SEP in tenant:
-            raise ConfigurationError(f"a tenant name cannot contain {_EVENT_SEP!r} (it separates event-aware claims)")
+        if tenant is not None and EVENT_SEP in tenant:
+            raise ConfigurationError(f"a tenant name cannot contain {EVENT_SEP!r} (it separates event-aware claims)")
         self._session_id, self._tenant = session_id, tenant
         # what the store's claims key the tenant by: a digest keyed by the salt secret (no name in a shared store)
         self._tenant_key = tenant if tenant_key is None else tenant_key
-        self._lease: Lease | None = None
         self.warmed: Payload | None = None
         self.warmed_tokens: int | None = None  # the fired warm's estimated prompt tokens (what its escalation expects)
         self._clock = _checked_clock(clock)
         self.turns: collections.deque[TurnSample] = collections.deque(maxlen=policy.growth_turns)
         self.residency: SlowResidency | None = None
-        self._pending: tuple[Payload, bool, bool] | None = None  # event-aware: payload, claimed, owns ``busy``
         self._events_claimed = 0
         self.span: Any = None  # the last warm's OpenTelemetry span (the escalation's link), None when not recorded
         self.replica: str | None = None  # the pool replica warms go to (a pool's slow backend), None otherwise
-        self.ejections: Ejections | None = None  # where a replica found down by a warm is marked (a pool's)
-        self.cooloff_s = DEFAULT_COOLOFF_S
-        # the hosted slow model the next warm goes to and its call: what its answer's cache tokens and cost count for
-        self.accounted: tuple[Backend, Mapping[str, Any]] | None = None
+        self._ejections, self._cooloff_s = ejections, cooloff_s
 
     @property
     def _shown_replica(self) -> str | None:
@@ -112,276 +151,155 @@ class WarmAhead:
                 self.warmed, self.warmed_tokens = None, None
             self.replica = replica
 
-    def attach(self, residency: SlowResidency) -> None:
-        """Make this session's warms event-aware: each is decided in its job from what the slow server holds."""
+    def follow(self, residency: SlowResidency | None) -> None:
+        """Decide this session's warms from what ``residency`` shows the slow server holds (event-aware), or, with
+        None, by the cooldown alone (a pool replica the ledger does not follow)."""
         self.residency = residency
-
-    def wants_send(self, outcome: str) -> bool:
-        """Whether the driver should build a warm for this outcome ("fire", or an event-aware check)."""
-        return outcome == "fire" or self._pending is not None
 
     def _decide(self, inputs: dict[str, Any]) -> WarmDecision:
         """Record this request's sample, then ask the pure decision (history included)."""
         self.turns.append(TurnSample(self._clock(), int(inputs["estimated_tokens"])))
         return decide_warm(policy=self.policy, history=tuple(self.turns), **inputs)
 
-    def consider(self, payload: Payload, **inputs: Any) -> str:
+    # ----------------------------------------------------------------- the decision and its claim
+
+    def considering(self, payload: Payload, **inputs: Any) -> Machine[Claimed]:
         """The outcome for this request ("fire" or why not), counted; a "fire" holds a lease.
 
         ``inputs``: :func:`~agentkv.warm.policy.decide_warm`'s keywords less ``policy`` and ``history``."""
         decision = self._decide(inputs)
         if not decision.fire:
-            return self._counted(decision.outcome, payload, inputs)
-        outcome: str
-        try:
-            outcome, self._lease = self._store.claim(self._claim())
-        except StateUnavailable:
-            outcome = "state_unavailable"
-        return self._counted(outcome, payload, inputs)
+            return self._counted(Claimed(decision.outcome), payload, inputs)
+        outcome, lease = yield from claimed(self._store, self._claim())
+        return self._counted(Claimed(outcome, lease), payload, inputs)
 
-    async def aconsider(self, payload: Payload, **inputs: Any) -> str:
-        """The async twin of :meth:`consider`: the claim is awaited (an asyncio client, never a sync call)."""
-        decision = self._decide(inputs)
-        if not decision.fire:
-            return self._counted(decision.outcome, payload, inputs)
-        outcome: str
-        try:
-            outcome, self._lease = await self._store.aclaim(self._claim())
-        except StateUnavailable:
-            outcome = "state_unavailable"
-        return self._counted(outcome, payload, inputs)
+    def _claim(self) -> Any:
+        return conversation_claim(self.policy, self._tenant_key, self._session_id, self.replica)
 
-    def _claim(self) -> WarmClaim:
-        p = self.policy
-        session = self._session_id if self.replica is None else f"{self._session_id}@{self.replica}"
-        return WarmClaim(self._tenant_key or "", session, p.cooldown_s, p.max_sessions, p.max_in_flight,
-                         lease_s=p.timeout_s + 1.0)
-
-    def _counted(self, outcome: str, payload: Payload, inputs: dict[str, Any]) -> str:
+    def _counted(self, claim: Claimed, payload: Payload, inputs: dict[str, Any]) -> Claimed:
+        outcome = claim.outcome
         if outcome in _COUNTED_SKIPS:
             self._stats.add(f"warm_skipped_{outcome}")
-        self._pending = None
         if self.residency is not None and outcome in ("fire", "cooldown"):
             owns = self.residency.busy.acquire(blocking=False)
             if owns or outcome == "fire":  # a claimed warm is always decided; a check only when none runs
                 # the prompt as sent: the job reads its ids later, and a sent warm becomes ``warmed``
-                self._pending = (detached(payload, deep=True), outcome == "fire", owns)
-            return outcome  # counted by the job, once it knows what the slow server holds
+                return replace(claim, check=True, claimed=outcome == "fire", owns=owns,
+                               payload=detached(payload, deep=True))
+            return claim  # counted by the job, once it knows what the slow server holds
         if outcome == "fire":
             self._stats.add("warm_fired")
             self.warmed = detached(payload, deep=True)  # the warm's prompt, whatever the caller edits before escalating
             self.warmed_tokens = inputs.get("estimated_tokens")
             emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
-        return outcome
+        return claim
 
-    def moved(self, payload: Payload, tokens: int | None) -> bool:
+    def moving(self, payload: Payload, tokens: int | None) -> Machine[Claimed]:
         """The replica this conversation's warm sat on was found dead, and warms now go to its next replica
         (:meth:`retarget`): claim a warm there (the cooldown, an in-flight slot) for ``payload`` (``tokens``
-        estimated), counted as a fired warm. True when the claim holds: the driver sends the warm now."""
-        outcome: str
-        try:
-            outcome, lease = self._store.claim(self._claim())
-        except StateUnavailable:
-            outcome, lease = "state_unavailable", None
-        return self._moved(outcome, lease, payload, tokens)
-
-    async def amoved(self, payload: Payload, tokens: int | None) -> bool:
-        """The async twin of :meth:`moved` (the claim is awaited)."""
-        outcome: str
-        try:
-            outcome, lease = await self._store.aclaim(self._claim())
-        except StateUnavailable:
-            outcome, lease = "state_unavailable", None
-        return self._moved(outcome, lease, payload, tokens)
-
-    def _moved(self, outcome: str, lease: Lease | None, payload: Payload, tokens: int | None) -> bool:
+        estimated), counted as a fired warm. A "fire" holds the lease: the turn sends the warm now."""
+        outcome, lease = yield from claimed(self._store, self._claim())
         if outcome != "fire":
             if outcome in _COUNTED_SKIPS:
                 self._stats.add(f"warm_skipped_{outcome}")
-            return False
-        self._lease, self._pending = lease, None  # sent plainly, at once: the driver's next call takes the lease
+            return Claimed(outcome)
         self._stats.add("warm_fired")
         self.warmed, self.warmed_tokens = detached(payload, deep=True), tokens
         emit("warm_replica_moved", estimate=tokens, session=self._session_id, tenant=self._tenant,
              replica=self._shown_replica)
-        return True
+        return Claimed("fire", lease)
 
-    def _take_lease(self) -> Lease | None:
-        lease, self._lease = self._lease, None
-        return lease
-
-    def abandon(self, exc: BaseException) -> None:
+    def abandoning(self, claim: Claimed, exc: BaseException) -> Machine[None]:
         """A claimed warm that could not be built: free its slot and count the failure."""
-        self._release(self._take_lease())
-        pending, self._pending = self._pending, None
-        if pending is not None and pending[2] and self.residency is not None:
+        if claim.owns and self.residency is not None:
             self.residency.busy.release()
         self._failed(exc)
+        yield from released(self._store, claim.lease)
 
-    def _release(self, lease: Lease | None) -> None:
-        if lease is None:
+    def timeout_s(self, plan: WarmPlan) -> float:
+        """How long :meth:`sending` ``plan`` may take as a task: the warm's timeout, and a check's settling."""
+        if plan.claimed.check and plan.residency is not None:
+            return self.policy.timeout_s + 2 + 2 * plan.residency.settle_s
+        return self.policy.timeout_s + 1.0
+
+    # ----------------------------------------------------------------- the executor
+
+    def sending(self, plan: WarmPlan, http: HttpTransport, client: Any) -> Machine[None]:
+        """Execute ``plan`` (the turn spawns it: never raises into anyone): its request over ``http`` (a raw POST) or
+        through ``client``, its answer accounted, its lease given back."""
+        if plan.claimed.check and plan.residency is not None:
+            yield from self._checking(plan, plan.residency, http, client)
             return
-        try:
-            self._store.release(lease)
-        except StateUnavailable:
-            pass  # the lease expires on its own
+        answer = yield from self._sent_request(plan, http, client)
+        if isinstance(answer, Raised):
+            yield from self._failing(answer.error, plan.replica)
+        else:
+            self._stats.add("warm_completed")
+            self._answered_by(plan.replica)
+            self._account(plan.accounted, answer.value)
+        yield from released(self._store, plan.claimed.lease)
 
-    async def _arelease(self, lease: Lease | None) -> None:
-        if lease is None:
-            return
-        try:
-            await self._store.arelease(lease)
-        except StateUnavailable:
-            pass  # the lease expires on its own
-
-    def send(self, call: dict[str, Any], client: Any, trace: WarmTrace | None = None) -> None:
-        """Send ``call`` through ``client.completion`` on a daemon worker thread (in a span when ``trace`` is given:
-        the turn's span, the warm span's attributes)."""
-        self._on_thread(self._traced(lambda: client.completion(**call), trace))
-
-    def asend(self, call: dict[str, Any], client: Any, trace: WarmTrace | None = None) -> None:
-        """Send ``call`` through ``client.acompletion`` as a task bounded by the policy's timeout."""
-        self._as_task(self._atraced(lambda: client.acompletion(**call), trace))
-
-    def post(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None,
-             trace: WarmTrace | None = None) -> None:
-        """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the HTTP seam on a daemon worker thread."""
-        self._on_thread(self._traced(lambda: http.request("POST", url, json=body, timeout_s=self.policy.timeout_s,
-                                                          headers=headers), trace))
-
-    def apost(self, url: str, body: dict[str, Any], http: HttpTransport, headers: Mapping[str, str] | None = None,
-              trace: WarmTrace | None = None) -> None:
-        """POST the warm's raw ``body`` (with ``headers``) to ``url`` over the async HTTP seam, as a task."""
-        self._as_task(self._atraced(lambda: http.arequest("POST", url, json=body, timeout_s=self.policy.timeout_s,
-                                                            headers=headers), trace))
+    def _sent_request(self, plan: WarmPlan, http: HttpTransport, client: Any) -> Machine[Any]:
+        """The plan's request as one effect (in a span when the plan has a trace); what it returned or raised."""
+        request = plan.request
+        send: Callable[[], Any]
+        asend: Callable[[], Any]
+        if request.url is not None:
+            kwargs: dict[str, Any] = {"json": dict(request.body or {}), "timeout_s": self.policy.timeout_s,
+                                      "headers": request.headers}
+            send = partial(http.request, "POST", request.url, **kwargs)
+            asend = partial(http.arequest, "POST", request.url, **kwargs)
+        else:
+            send = partial(client.completion, **(request.call or {}))
+            asend = partial(client.acompletion, **(request.call or {}))
+        if plan.trace is not None:
+            name = f"agentkv.warm {plan.trace[1].get('gen_ai.request.model')}"
+            send = traced(send, plan.trace[0], name, plan.trace[1], on_start=self._kept)
+            asend = atraced(asend, plan.trace[0], name, plan.trace[1], on_start=self._kept)
+        return (yield Call(send, asend, captures=True))
 
     def _kept(self, span: Any) -> None:
         self.span = span
 
-    def _traced(self, send: Callable[[], Any], trace: WarmTrace | None) -> Callable[[], Any]:
-        if trace is None:
-            return send
-        model = trace[1].get("gen_ai.request.model")
-        return traced(send, trace[0], f"agentkv.warm {model}", trace[1], on_start=self._kept)
+    def _checking(self, plan: WarmPlan, residency: SlowResidency, http: HttpTransport, client: Any) -> Machine[None]:
+        """An event-aware warm: the slow server's ids, the ledger, the decision, the send, the settling."""
+        claim, lease = plan.claimed, plan.claimed.lease
+        payload = claim.payload
+        assert payload is not None
+        failure: Exception | None = None
+        try:
+            ids, exact = yield from residency.counter.ids(payload)
+            outcome = self._judged(residency.outcome(ids, exact, claimed=claim.claimed, policy=self.policy), ids)
+            if outcome in SENDS and not claim.claimed:
+                lease = self._event_lease(*(yield from claimed(self._store, self._event_claim())))
+            if outcome in SENDS and (claim.claimed or lease is not None):
+                sent_at = time.time()  # the publishers' clock, as the Session stamps a request for its prediction
+                answer = yield from self._sent_request(plan, http, client)
+                if isinstance(answer, Raised):
+                    raise answer.error
+                self._answered_by(plan.replica)
+                self._sent(outcome, payload)
+                residency.record_warm(ids, exact, sent_at, answer.value)
+                yield from residency.settling(ids)
+        except Exception as exc:  # a warm never raises into anyone
+            failure = exc
+        finally:
+            if claim.owns:
+                residency.busy.release()
+        if failure is not None:
+            yield from self._failing(failure, plan.replica)
+        yield from released(self._store, lease)
 
-    def _atraced(self, send: Callable[[], Awaitable[Any]], trace: WarmTrace | None) -> Callable[[], Awaitable[Any]]:
-        if trace is None:
-            return send
-        model = trace[1].get("gen_ai.request.model")
-        return atraced(send, trace[0], f"agentkv.warm {model}", trace[1], on_start=self._kept)
-
-    def _on_thread(self, send: Callable[[], Any]) -> None:
-        lease, replica = self._take_lease(), self.replica  # the replica this warm goes to, whatever comes next
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._jobs.thread(lambda: self._checked(send, lease, *pending, replica=replica))
+    def _account(self, backend: Backend | None, response: Any) -> None:
+        """A managed warm's cache writes and dollars into the stats (a warm never raises into anyone)."""
+        if backend is None:
             return
-
-        accounted, self.accounted = self.accounted, None
-
-        def job() -> None:
-            try:
-                response = send()
-                self._stats.add("warm_completed")
-                self._answered_by(replica)
-                self._account(accounted, response)
-            except Exception as exc:  # a warm never raises into anyone
-                self._failed(exc, replica)
-            finally:
-                self._release(lease)
-
-        self._jobs.thread(job)
-
-    def _as_task(self, send: Callable[[], Awaitable[Any]]) -> None:
-        lease, replica = self._take_lease(), self.replica
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._jobs.task(self._achecked(send, lease, *pending, replica=replica),
-                            self.policy.timeout_s + 2 + 2 * self._settle_s())
-            return
-
-        accounted, self.accounted = self.accounted, None
-
-        async def job() -> None:
-            try:
-                response = await send()
-                self._stats.add("warm_completed")
-                self._answered_by(replica)
-                self._account(accounted, response)
-            except Exception as exc:  # a warm never raises into anyone
-                await self._aeject(exc, replica)
-                self._failed(exc)
-            finally:
-                await self._arelease(lease)
-
-        self._jobs.task(job(), self.policy.timeout_s + 1.0)
-
-    def _account(self, accounted: tuple[Backend, Mapping[str, Any]] | None, response: Any) -> None:
-        """A hosted warm's cache writes and dollars into the stats, and the explicit cache it created noted (a warm
-        never raises into anyone)."""
-        if accounted is None:
-            return
-        backend, _ = accounted
         try:
             usage = response_usage(response)
             report_rejected(usage, backend=backend.label, session=self._session_id, warm=True)
             account(self._stats, backend, usage, warm=True, session=self._session_id)
         except Exception as exc:
             emit("warm_cost_unread", level="warning", error=type(exc).__name__, session=self._session_id)
-
-    # --- event-aware: decide in the job from what the slow server holds, then send or skip -------------
-
-    def _settle_s(self) -> float:
-        return self.residency.settle_s if self.residency is not None else 0.0
-
-    def _checked(self, send: Callable[[], Any], lease: Lease | None, payload: Payload, claimed: bool,
-                 owns: bool, *, replica: str | None = None) -> None:
-        """A worker thread's event-aware warm: the slow server's ids, the ledger, the decision, the send."""
-        residency = self.residency
-        assert residency is not None
-        try:
-            ids, exact = residency.counter.token_ids(payload)
-            outcome = self._judged(residency.outcome(ids, exact, claimed=claimed, policy=self.policy), ids)
-            if outcome in SENDS and not claimed:
-                lease = self._event_lease(*self._try_claim(self._store.claim))
-            if outcome in SENDS and (claimed or lease is not None):
-                sent_at = time.time()  # the publishers' clock, as the Session stamps a request for its prediction
-                response = send()
-                self._answered_by(replica)
-                self._sent(outcome, payload)
-                residency.record_warm(ids, exact, sent_at, response)
-                residency.settle(ids)
-        except Exception as exc:  # a warm never raises into anyone
-            self._failed(exc, replica)
-        finally:
-            self._release(lease)
-            if owns:
-                residency.busy.release()
-
-    async def _achecked(self, send: Callable[[], Awaitable[Any]], lease: Lease | None, payload: Payload,
-                        claimed: bool, owns: bool, *, replica: str | None = None) -> None:
-        """The async twin of :meth:`_checked` (``/tokenize`` and the claim are awaited)."""
-        residency = self.residency
-        assert residency is not None
-        try:
-            ids, exact = await residency.counter.atoken_ids(payload)
-            outcome = self._judged(residency.outcome(ids, exact, claimed=claimed, policy=self.policy), ids)
-            if outcome in SENDS and not claimed:
-                lease = self._event_lease(*await self._atry_claim())
-            if outcome in SENDS and (claimed or lease is not None):
-                sent_at = time.time()
-                response = await send()
-                self._answered_by(replica)
-                self._sent(outcome, payload)
-                residency.record_warm(ids, exact, sent_at, response)
-                await residency.asettle(ids)
-        except Exception as exc:  # a warm never raises into anyone
-            await self._aeject(exc, replica)
-            self._failed(exc)
-        finally:
-            await self._arelease(lease)
-            if owns:
-                residency.busy.release()
 
     def _judged(self, outcome: EventOutcome, ids: list[int]) -> EventOutcome:
         """Count a skip (and take a resident prompt as this session's warmed prefix)."""
@@ -392,26 +310,10 @@ class WarmAhead:
             self.residency.remember(ids)
         return outcome
 
-    def _event_claim(self) -> WarmClaim:
-        """A re-warm's or top-up's claim: an in-flight slot, under the tenant's own event namespace (so its short
-        marker never shortens, crowds or expires the tenant's cooldowns) and a key of its own (the session's one
-        check at a time, :attr:`SlowResidency.busy`, is what spaces them)."""
-        p = self.policy
+    def _event_claim(self) -> Any:
+        """A re-warm's or top-up's claim (:func:`agentkv.warm.claims.event_claim`), the session's next."""
         self._events_claimed += 1
-        return WarmClaim(event_namespace(self._tenant_key), f"{self._session_id}#{self._events_claimed}", p.timeout_s + 1.0,
-                         p.max_sessions, p.max_in_flight, lease_s=p.timeout_s + 1.0)
-
-    def _try_claim(self, claim: Callable[[WarmClaim], tuple[str, Lease | None]]) -> tuple[str, Lease | None]:
-        try:
-            return claim(self._event_claim())
-        except StateUnavailable:
-            return "state_unavailable", None
-
-    async def _atry_claim(self) -> tuple[str, Lease | None]:
-        try:
-            return await self._store.aclaim(self._event_claim())
-        except StateUnavailable:
-            return "state_unavailable", None
+        return event_claim(self.policy, self._tenant_key, self._session_id, self._events_claimed)
 
     def _event_lease(self, outcome: str, lease: Lease | None) -> Lease | None:
         if outcome in ("saturated", "state_unavailable"):
@@ -426,29 +328,28 @@ class WarmAhead:
 
     def _answered_by(self, replica: str | None) -> None:
         """The pool replica the warm went to answered it: its breaker's streak starts again (no I/O)."""
-        if replica is not None and self.ejections is not None:
-            self.ejections.judge(replica, "ok", session=self._session_id, tenant=self._tenant)
+        if replica is not None and self._ejections is not None:
+            self._ejections.judge(replica, "ok", session=self._session_id, tenant=self._tenant)
 
     def _evidence(self, exc: BaseException, replica: str | None) -> tuple[str, Evidence] | None:
         """``replica`` (the pool replica the warm went to) and what its error says about it (a refusal or reset: down;
         another outage: a failure of this request, for its breaker to weigh; a slow answer, a timeout: nothing)."""
-        if replica is None or self.ejections is None:
+        if replica is None or self._ejections is None:
             return None
         evidence = replica_evidence(exc, fails_over=is_outage(exc))
         return None if evidence is None else (replica, evidence)
 
-    async def _aeject(self, exc: BaseException, replica: str | None) -> None:
-        failed = self._evidence(exc, replica)
-        if failed is not None and self.ejections is not None:
-            await self.ejections.aobserve(*failed, session=self._session_id, tenant=self._tenant,
-                                          cooloff_s=self.cooloff_s)
-
-    def _failed(self, exc: BaseException, replica: str | None = None) -> None:
+    def _failing(self, exc: BaseException, replica: str | None) -> Machine[None]:
         """Count a warm that failed; ``replica``: the pool replica it went to (its breaker told: ejected on evidence
         that it is down, and the next turn moves and re-warms)."""
         failed = self._evidence(exc, replica)
-        if failed is not None and self.ejections is not None:
-            self.ejections.observe(*failed, session=self._session_id, tenant=self._tenant, cooloff_s=self.cooloff_s)
+        if failed is not None and self._ejections is not None:
+            yield Call(self._ejections.observe, self._ejections.aobserve, failed,
+                       {"session": self._session_id, "tenant": self._tenant, "cooloff_s": self._cooloff_s},
+                       captures=True)
+        self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
         self._stats.add("warm_failed")
         emit("warm_failed", level="warning", error=type(exc).__name__,
              status_code=getattr(exc, "status_code", None), session=self._session_id, tenant=self._tenant)

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any, Mapping
 
+from agentkv._support.effects import Machine
 from agentkv.backends import Backend
 from agentkv.tokens.payload import CountUnavailable, Payload
 from agentkv.tokens.sources.server import ServerSource
@@ -62,7 +63,8 @@ class _ProviderSource(ServerSource):
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
         raise CountUnavailable(f"{self.name} count endpoints return no token ids")
 
-    async def atoken_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
+    def ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> Machine[list[int]]:
+        yield from ()  # a machine, as its base's
         raise CountUnavailable(f"{self.name} count endpoints return no token ids")
 
     def _tool_probes(self, payload: Payload) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Exact counts from the server itself: vLLM's ``POST /tokenize``, chat form.
 
     source = ServerSource(Backend("hosted_vllm/m", api_base="http://127.0.0.1:8001/v1"))
-    source.count(payload)        # or: await source.acount(payload)
+    source.count(payload)        # or, in a machine: yield from source.counting(payload)
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from cachetools import LRUCache
 
+from agentkv._support.effects import Call, Machine, Raised, run
 from agentkv.http.transport import HttpError, HttpTransport, default_http
 from agentkv.backends import Backend
 from agentkv.events import digest, emit
@@ -34,8 +35,8 @@ class ServerSource:
     ``/tokenize`` (404/405) is remembered and not asked again by this source. A timeout, a failed
     connection or a 5xx opens ``breaker`` (by default the process's breaker for this URL,
     :func:`~agentkv.tokens.breaker.shared_breaker`): until its back-off ends, the source is not asked
-    and the counter's next source answers. The sync and the async methods share one cache and one
-    body builder; only the transport call differs.
+    and the counter's next source answers. Each call is a machine (:meth:`counting`, :meth:`ids`) whose one
+    HTTP request is an effect, driven sync or async by its caller; the sync methods run it.
     """
 
     name = "server"
@@ -80,37 +81,25 @@ class ServerSource:
 
     def tokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The server's answer for ``body``, from the cache when the same body was sent before."""
-        key, cached = self._remembered(body)
-        if cached is not None:
-            return cached
-        self._admit()
-        span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
-        try:
-            answer = self._http.request("POST", self._url, json=dict(body), timeout_s=self._timeout_s,
-                                        headers=self.headers())
-        except HttpError as exc:
-            ended(span, error=exc)
-            raise self._unavailable(exc) from exc
-        self.breaker.succeeded()
-        found = self._remember(key, self._checked(answer))
-        ended(span, attributes={"agentkv.tokens.exact": found.get("count")})
-        return found
+        return run(self.tokenizing(body))
 
-    async def atokenize(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """:meth:`tokenize` over async HTTP, sharing the same cache."""
+    def tokenizing(self, body: Mapping[str, Any]) -> Machine[dict[str, Any]]:
+        """:meth:`tokenize` as a machine (its one HTTP call an effect): sync and async callers drive it alike."""
         key, cached = self._remembered(body)
         if cached is not None:
             return cached
         self._admit()
         span = span_in(None, "agentkv.count", self._span_attributes(), kind="CLIENT")
-        try:
-            answer = await self._http.arequest("POST", self._url, json=dict(body), timeout_s=self._timeout_s,
-                                               headers=self.headers())
-        except HttpError as exc:
-            ended(span, error=exc)
-            raise self._unavailable(exc) from exc
+        answer = yield Call(self._http.request, self._http.arequest, ("POST", self._url),
+                            {"json": dict(body), "timeout_s": self._timeout_s, "headers": self.headers()},
+                            captures=True)
+        if isinstance(answer, Raised):
+            ended(span, error=answer.error)
+            if isinstance(answer.error, HttpError):
+                raise self._unavailable(answer.error) from answer.error
+            raise answer.error
         self.breaker.succeeded()
-        found = self._remember(key, self._checked(answer))
+        found = self._remember(key, self._checked(answer.value))
         ended(span, attributes={"agentkv.tokens.exact": found.get("count")})
         return found
 
@@ -119,23 +108,24 @@ class ServerSource:
         return {"agentkv.count.source": self.name, "url.path": urlsplit(self._url).path}
 
     def count(self, payload: Payload) -> TokenCount:
-        total = self.tokenize(self.request_body(payload))["count"]
-        return self._count(total, [self.tokenize(body)["count"] for body in self._tool_probes(payload)])
+        return run(self.counting(payload))
 
-    async def acount(self, payload: Payload) -> TokenCount:
-        """:meth:`count` over async HTTP."""
-        total = (await self.atokenize(self.request_body(payload)))["count"]
-        return self._count(total, [(await self.atokenize(body))["count"] for body in self._tool_probes(payload)])
+    def counting(self, payload: Payload) -> Machine[TokenCount]:
+        """:meth:`count` as a machine."""
+        total = (yield from self.tokenizing(self.request_body(payload)))["count"]
+        probes = []
+        for body in self._tool_probes(payload):
+            probes.append((yield from self.tokenizing(body))["count"])
+        return self._count(total, probes)
 
     def token_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
         """The server's token ids for the payload."""
-        body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
-        return list(self.tokenize(body).get("tokens") or [])
+        return run(self.ids(payload, add_generation_prompt=add_generation_prompt))
 
-    async def atoken_ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> list[int]:
-        """:meth:`token_ids` over async HTTP."""
+    def ids(self, payload: Payload, *, add_generation_prompt: bool = True) -> Machine[list[int]]:
+        """:meth:`token_ids` as a machine."""
         body = self.request_body(payload, add_generation_prompt=add_generation_prompt)
-        return list((await self.atokenize(body)).get("tokens") or [])
+        return list((yield from self.tokenizing(body)).get("tokens") or [])
 
     def _count(self, total: int, probes: list[int]) -> TokenCount:
         tools = max(0, probes[0] - probes[1]) if probes else 0
