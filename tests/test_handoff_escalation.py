@@ -147,9 +147,11 @@ class _Counter:
     def token_ids(self, payload, *, add_generation_prompt=True):
         return list(range(64)), True
 
-    def ids(self, payload, *, add_generation_prompt=True):
-        yield from ()
-        return list(range(64)), True
+    async def _atoken_ids(self, payload, *, add_generation_prompt=True):
+        return self.token_ids(payload, add_generation_prompt=add_generation_prompt)
+
+    def ids(self, payload, *, add_generation_prompt=True):  # as TokenCounter.ids: the server's ids are a Call
+        return (yield Call(self.token_ids, self._atoken_ids, (payload,), {"add_generation_prompt": add_generation_prompt}))
 
 
 class _Residency:

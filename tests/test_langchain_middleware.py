@@ -270,7 +270,7 @@ def test_hosted_models_never_get_a_salt():
 
     class Try:
         decision = RouteDecision("fast", "fast", "fits", 100, 2048, 8)
-        kwargs, handoff_export, routing_key, headers = {}, None, None, {}
+        kwargs, handoff_export, routing_key, headers, send_headers = {}, None, None, {}, {}
         cache_salt = "salt-acme"
 
     model = ChatOpenAI(model="m", api_key="-", extra_body={"cache_salt": "callers", "top_k": 5})

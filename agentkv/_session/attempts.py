@@ -7,6 +7,7 @@ warm's rendered prompt is a token-exact prefix of the escalated request's.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -18,6 +19,7 @@ from agentkv.tenancy import with_body_salt
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.incremental import JsonSnapshot, snapshot
 from agentkv.providers import Marks, strategy_for
+from agentkv.wire.openai import endpoint_url, outgoing_body, routing_headers_of
 
 # Everything that shapes the rendered prompt: a warm carries exactly these from the caller's request.
 # ``cache_salt`` shapes no prompt but the cache group the warm lands in (it goes only where the caller's is kept).
@@ -52,6 +54,32 @@ class Attempt:
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # a raw request's own headers (its warm's)
     span: Any = field(default=None, repr=False, compare=False)  # the turn's OpenTelemetry span (None: not recorded)
     span_started: float | None = field(default=None, repr=False, compare=False)
+    raw_body: Mapping[str, Any] | None = field(default=None, repr=False)  # a prepared request's body as the caller sent it
+
+    # ----------------------------------------------------------------- a prepared (raw) request on the wire
+
+    @property
+    def url(self) -> str:
+        """Where this try goes: the backend's ``/chat/completions``, or ``/completions`` for a text completion."""
+        return endpoint_url(self)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """This try's JSON body: the caller's (streaming switches included) addressed to the backend's model, with
+        the clamped budget, the tenant's salt where the backend takes one, the provider's marks and the KV import
+        a handoff named."""
+        return outgoing_body({**(self.raw_body or self.kwargs), "model": self.backend.served_model}, self)
+
+    @property
+    def content(self) -> bytes:
+        """:attr:`body` as the bytes to send."""
+        return json.dumps(self.body).encode()
+
+    @property
+    def send_headers(self) -> dict[str, str]:
+        """The headers this try carries besides the caller's own: the conversation's routing key under the backend's
+        affinity header names (a header the caller set wins)."""
+        return routing_headers_of(self)
 
     def __repr__(self) -> str:
         """The fields but the salt, with credentials in the caller's kwargs redacted (``api_key``, headers, URLs)."""

@@ -19,6 +19,7 @@ from agentkv.protocols import Observation
 from agentkv.routing import RouteDecision, as_sent
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.ceiling import byte_ceiling
+from agentkv.wire.openai import counted_view
 
 __all__ = ["observation", "observed", "presend", "request_extras", "sent_to_role"]
 
@@ -33,7 +34,7 @@ def presend(s: SessionParts, body: Mapping[str, Any]) -> Attempt | None:
     slow_info = s.discovery.recent(s.slow)
     if fast_info is None or slow_info is None or not s.counter(s.fast).bound.trusts_ceiling:
         return None
-    kwargs = dict(body)
+    kwargs = counted_view(body)
     try:
         max_tokens = max_tokens_of(kwargs)
         payload = request_payload(kwargs, s.backends(), s.counters.values())
@@ -51,7 +52,7 @@ def presend(s: SessionParts, body: Mapping[str, Any]) -> Attempt | None:
     if decision.role != "fast" or decision.reason != "fits" or decision.max_tokens != max_tokens:
         return None
     return Attempt(decision, s.fast, kwargs, payload, count, s.cache_salt, raw=True,
-                   keeps_caller_salt=s.keeps_caller_salt, routing_key=s.routing_key)
+                   keeps_caller_salt=s.keeps_caller_salt, routing_key=s.routing_key, raw_body=dict(body))
 
 
 def request_extras(s: SessionParts, backend: Backend) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from agentkv.routing import RouteDecision, RoutePolicy
 from agentkv.stats import LedgerEntry
 from agentkv.tokens import TokenCount
 from agentkv.warm import WarmAheadPolicy
+from agentkv.wire.openai import counted_view
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -204,9 +205,10 @@ class Session:
 
         ``headers``: the request's own HTTP headers; those the slow backend names (its ``affinity_headers`` and
         ``forward_headers``: :func:`agentkv.fleet.routing_headers`) ride on its warm, so a router sends the warm where
-        it sends the request; a header no client can send is a :class:`ConfigurationError` here. Send each try with
-        :func:`agentkv.wire.openai.routing_headers_of` besides the request's own: the conversation's routing key goes
-        there.
+        it sends the request; a header no client can send is a :class:`ConfigurationError` here. Its streaming switches
+        (``stream``, ``stream_options``) are neither counted nor warmed, and ride on each try. Send each try to
+        :attr:`Attempt.url` with :attr:`Attempt.content` (its :attr:`Attempt.body` as bytes), and
+        :attr:`Attempt.send_headers` besides the request's own: the conversation's routing key goes there.
         """
         return run(_prepared(self._parts, body, headers), self._parts.jobs)
 
@@ -363,9 +365,9 @@ def _completion(p: SessionParts, kwargs: dict[str, Any], send: Callable[[Attempt
 
 def _prepared(p: SessionParts, body: Mapping[str, Any], headers: Mapping[str, str] | None) -> Machine[Attempt]:
     check_headers(headers, "headers")  # before anything is counted or sent
-    kwargs = dict(body)
+    kwargs = counted_view(body)  # what is counted and warmed: the body without its streaming switches
     payload = steps.open_request(p, kwargs, text=True)
-    return (yield from opening(p, kwargs, payload, headers=headers, raw=True))
+    return (yield from opening(p, kwargs, payload, headers=headers, raw_body=dict(body)))
 
 
 def _recovery(p: SessionParts, attempt: Attempt, error: Exception) -> Machine[Attempt | GiveUp]:

@@ -101,17 +101,21 @@ def _other_replica(s: SessionParts, attempt: Attempt) -> bool:
 
 # ----------------------------------------------------------------- the handoff, at the answer
 
-def hand_off(s: SessionParts, attempt: Attempt) -> None:
-    """The KV handoff before the escalated try (torch work or an export: the async loop runs it on a thread)."""
+def hand_off(s: SessionParts, attempt: Attempt) -> Machine[None]:
+    """The KV handoff before the escalated try: its plan (pure), then its engine kind's executor (torch work is
+    offloaded, an export is a call); an import the plan makes goes on ``attempt``, counted at its answer."""
     if s.slow is None:
         return
     attempt.handed_off = True
     previous = s.history[-2] if len(s.history) > 1 else None  # what fast last served: cheap to export
     fast = s.addressed("fast")
     span = turns.handoff_span(attempt)
-    outcome = s.handoff.at_escalation(fast, attempt.backend, attempt.payload, s.cache_salt, attempt=attempt,
-                                      previous=previous, warm=s.warm, http=s.http,
-                                      headers=routing_headers(fast, s.routing_key))
+    plan = s.handoff.plan(fast, attempt.backend, attempt.payload, s.cache_salt, previous=previous,
+                          headers=routing_headers(fast, s.routing_key), request=attempt.kwargs, raw=bool(attempt.raw))
+    outcome = yield from s.handoff.execute(plan, http=s.http, warmed=s.warm.warmed, residency=s.warm.residency)
+    if outcome.request is not None:
+        attempt.kwargs, attempt.cache_salt = outcome.request.kwargs, outcome.request.cache_salt
+        attempt.handoff_export = outcome.request.export  # per request: each escalation counts its own import
     ended(span, attributes={"agentkv.handoff.mapped_tokens": outcome.mapped_tokens,
                             "agentkv.handoff.fallback": outcome.fallback})
     s.session_stats.add("mapped_tokens", outcome.mapped_tokens)

@@ -17,7 +17,6 @@ async driver, as h11's protocol objects serve any socket.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
@@ -25,7 +24,7 @@ from agentkv._session import gather, reactive, steps, warming
 from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Answered, Failed, FailOver, Finish, GiveUp, HandOff, Outcome, Recover, Send
 from agentkv._session.parts import SessionParts
-from agentkv._support.effects import Call, Machine, Offload, Raised, Wait
+from agentkv._support.effects import Call, Machine, Raised, Wait
 from agentkv.retry import log_retry
 from agentkv.telemetry import turns
 from agentkv.telemetry.otel import ended as span_ended
@@ -53,13 +52,13 @@ class TurnEnd(Generic[T]):
 
 
 def opening(s: SessionParts, kwargs: dict[str, Any], payload: Payload, *,
-            headers: Mapping[str, str] | None = None, raw: bool = False) -> Machine[Attempt]:
+            headers: Mapping[str, str] | None = None, raw_body: Mapping[str, Any] | None = None) -> Machine[Attempt]:
     """The turn's first attempt: facts gathered, fast's count, routed and clamped, and warm-ahead considered (a warm
     goes out in the background)."""
     known = yield from gather.facts(s)
     counted = yield from gather.count(s, kwargs, payload, known)
     attempt = steps.plan(s, kwargs, payload, counted, known, headers=headers)
-    attempt.raw = raw
+    attempt.raw, attempt.raw_body = raw_body is not None, raw_body
     yield from warming.maybe_warm(s, attempt, known)
     yield from gather.watch_warm_replica(s, attempt)
     return attempt
@@ -77,7 +76,7 @@ def turn(s: SessionParts, attempt: Attempt, send: Callable[[Attempt], Any], *, s
         if isinstance(action, Finish):
             return TurnEnd(attempt, answer=action.value)
         if isinstance(action, HandOff):
-            yield Offload(functools.partial(steps.hand_off, s, attempt))  # torch work: off the event loop
+            yield from steps.hand_off(s, attempt)  # torch work offloaded off the event loop, an export a call
             continue
         if isinstance(action, Send):
             outcome = yield from _tried(s, attempt, send, retries)

@@ -2,7 +2,7 @@
 
 It decides nothing itself: :meth:`Session.aprepare` counts, routes, clamps and warms; the turn then runs in the
 Session's one loop (:meth:`Session.aturn`, the same as ``Session.acompletion``'s and the OpenAI
-transport's) over the gateway's upstream client: each try's body is :func:`~agentkv.wire.openai.try_bytes` (the
+transport's) over the gateway's upstream client: each try's body is :attr:`Attempt.content <agentkv.Attempt.content>` (the
 backend's model id, the budget, the tenant's salt), an error answer or an outage is retried, clamped, escalated or
 failed over as the Session's decision says, and what ends the turn is answered in OpenAI's shape. The answer goes to
 :meth:`Session.answered`, a stream's once it has ended. A stream's bytes pass through as they come.
@@ -24,7 +24,7 @@ from agentkv.http.asgi import JSON, Reply
 from agentkv.http.transport import HttpAnswer, HttpError, StartedPost
 from agentkv.gateway.replies import error_body, route_headers, upstream_error_body
 from agentkv.retry import outage_cause
-from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, routing_headers_of, try_bytes
+from agentkv.wire.openai import Rejected, UsageWatch
 
 __all__ = ["RECOVERABLE", "own_error", "relay"]
 
@@ -47,10 +47,9 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
     connection closed) and the prepared one sent instead. Every try after that is the Session's loop
     (:meth:`Session.aturn`): retried, recovered and failed over as ``Session.acompletion``'s."""
     started = time.perf_counter()
-    counted = counted_view(body)
-    early = _presend(ctx, session, body, counted)
+    early = _presend(ctx, session, body)
     try:
-        attempt = await session.aprepare(counted)
+        attempt = await session.aprepare(body)
     except BaseException as failure:  # refused, the client left (cancelled), or the Session failed: early abandoned
         if early is not None:
             early.cancel()
@@ -81,7 +80,7 @@ class _Tries:
 
     async def send(self, attempt: Attempt) -> tuple[HttpAnswer, bytes]:
         """One try: the backend's answer, its body read whole unless it streams (a cut answer is an outage)."""
-        url, content = endpoint_url(attempt), try_bytes(self.body, attempt)
+        url, content = attempt.url, attempt.content
         taken, self.early = self.early, None  # the early request serves the first try only
         if taken is not None and taken.url == url and taken.content == content:
             response = await taken.response()
@@ -89,7 +88,7 @@ class _Tries:
             if taken is not None:
                 taken.cancel()
                 self.ctx.metrics.presend_discarded.inc()
-            response = await self.ctx.send(url, content, routing_headers_of(attempt))
+            response = await self.ctx.send(url, content, attempt.send_headers)
         self.headed = time.perf_counter()
         if response.status_code >= 400:
             raise Rejected.of(response.status_code, await _read_closed(response))
@@ -151,13 +150,13 @@ def _record(session: Session, attempt: Attempt, answer: bytes | UsageWatch) -> N
         emit("gateway.record_failed", level="warning", error=type(error).__name__)
 
 
-def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any], counted: dict[str, Any]) -> StartedPost | None:
+def _presend(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> StartedPost | None:
     """The request written to fast before it is counted, when the Session vouches for it and a kept connection is
     idle (see :func:`relay`); else None."""
-    attempt = session.presend(counted)
+    attempt = session.presend(body)
     if attempt is None:
         return None
-    started = ctx.upstream.start(endpoint_url(attempt), try_bytes(body, attempt), routing_headers_of(attempt))
+    started = ctx.upstream.start(attempt.url, attempt.content, attempt.send_headers)
     if started is not None:
         ctx.metrics.presends.inc()
     return started

@@ -32,12 +32,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from agentkv._support.effects import Machine, run
-from agentkv._support.jobs import BackgroundJobs
+from agentkv._support.effects import Machine
 from agentkv.backends import Backend
 from agentkv.errors import ConfigurationError
 from agentkv.events import emit
-from agentkv.handoff.escalation_plan import EscalationPlan, HandoffOutcome, plan_escalation, replay_plan
+from agentkv.handoff.escalation_plan import EscalationPlan, HandoffOutcome, plan_escalation
 from agentkv.handoff.executors import Mappers, execute
 from agentkv.handoff.protocol import DEFAULT_MIN_ATTENTION_COSINE, REPLAY
 from agentkv.http.transport import HttpTransport
@@ -92,31 +91,6 @@ class Handoff:
         """Carry ``plan`` out (a machine: ``yield from`` it in a step, or run it with a driver): see
         :func:`~agentkv.handoff.executors.execute`."""
         return execute(plan, self._mappers, http=http, warmed=warmed, residency=residency)
-
-    def at_escalation(self, fast: Backend, slow: Backend, payload: Payload, cache_salt: str | None, *,
-                      attempt: Any = None, previous: Payload | None = None, warm: Any = None,
-                      http: HttpTransport | None = None, headers: Mapping[str, str] | None = None) -> HandoffOutcome:
-        """:meth:`plan` then :meth:`execute`, run to the end here (sync: the async driver calls it on a thread).
-
-        ``via="vllm"``: ``attempt`` (the escalated request, given the import's kwargs, salt and ``handoff_export``
-        when the outcome carries one), ``previous`` (the payload fast last served), ``warm`` (the Session's
-        warm-ahead: its ``warmed`` prefix and ``residency``), ``http`` (the seam the export goes through) and
-        ``headers`` (the conversation's routing headers, so a router sends the export where fast served it).
-        """
-        if self.via == "vllm" and (attempt is None or http is None):
-            plan = replay_plan(self.backend, "a vLLM handoff needs the escalated request and an HTTP transport",
-                               fallback=True)
-        else:
-            plan = self.plan(fast, slow, payload, cache_salt, previous=previous, headers=headers,
-                             request=attempt.kwargs if attempt is not None else None,
-                             raw=bool(attempt.raw) if attempt is not None else False)
-        machine = self.execute(plan, http=http, warmed=warm.warmed if warm is not None else None,
-                               residency=warm.residency if warm is not None else None)
-        outcome = run(machine, BackgroundJobs())
-        if outcome.request is not None and attempt is not None:
-            attempt.kwargs, attempt.cache_salt = outcome.request.kwargs, outcome.request.cache_salt
-            attempt.handoff_export = outcome.request.export  # per request: each escalation counts its own import
-        return outcome
 
     def answered(self, export: str | None, response: Any, stats: SessionStats) -> None:
         """Count what slow reported loading for ``export``, the import the answered request named (None: none)."""

@@ -51,7 +51,7 @@ from agentkv.overflow import overflow_from_error
 from agentkv.protocols import SessionLike
 from agentkv._session import Attempt, Observation
 from agentkv.wire.hosted import openai_keyed
-from agentkv.wire.openai import OBSERVED_KEYS, routing_headers_of
+from agentkv.wire.openai import OBSERVED_KEYS
 
 _AGENTS = ("AgentKVMiddleware", "token_counter")  # LangChain 1.x agents: agentkv.integrations.langchain_agents
 
@@ -382,7 +382,7 @@ class ChatAgentKV(BaseChatModel):
                           if k not in extra})
         if extra:
             call["extra_body"] = extra
-        headers = routing_headers_of(attempt)  # the conversation's routing key (a header the caller set wins)
+        headers = attempt.send_headers  # the conversation's routing key (a header the caller set wins)
         if headers:
             call["extra_headers"] = {**headers, **(call.get("extra_headers") or {})}
         return model, call

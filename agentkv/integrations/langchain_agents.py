@@ -42,7 +42,6 @@ from agentkv.conversations import Conversations, session_of
 from agentkv.errors import ConfigurationError
 from agentkv.tokens import TokenCounter, payload_from_request
 from agentkv.wire.hosted import openai_keyed
-from agentkv.wire.openai import routing_headers_of
 
 if TYPE_CHECKING:
     from langchain.agents.middleware import ModelRequest, ModelResponse
@@ -182,7 +181,7 @@ def call_settings(attempt: Attempt, model: Any, settings: Mapping[str, Any]) -> 
     call.pop("extra_body", None)
     if extra:
         call["extra_body"] = extra
-    headers = routing_headers_of(attempt)
+    headers = attempt.send_headers
     if headers:
         call["extra_headers"] = {**headers, **(call.get("extra_headers") or {})}
     return call

@@ -46,7 +46,7 @@ from agentkv._session import Attempt, TurnEnd
 from agentkv.conversations import Conversations, session_of
 from agentkv.errors import AgentKVError, ConfigurationError, ContextOverflowError, PoolExhaustedError
 from agentkv.retry import outage_cause
-from agentkv.wire.openai import Rejected, UsageWatch, counted_view, endpoint_url, outgoing_body, routing_headers_of
+from agentkv.wire.openai import Rejected, UsageWatch
 
 if TYPE_CHECKING:
     from agentkv._session import Session
@@ -104,13 +104,13 @@ def outgoing_request(request: httpx.Request, body: Mapping[str, Any], attempt: A
     wins). A fast try goes where the client sent it unless fast is a pool (``pooled``)."""
     url = request.url
     if attempt.backend.api_base and (attempt.decision.role == "slow" or pooled):
-        url = httpx.URL(endpoint_url(attempt), params=request.url.params)
+        url = httpx.URL(attempt.url, params=request.url.params)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
     taken = {k.lower() for k in headers}
-    headers.update({k: v for k, v in routing_headers_of(attempt).items() if k.lower() not in taken})
+    headers.update({k: v for k, v in attempt.send_headers.items() if k.lower() not in taken})
     if attempt.decision.role == "slow" and attempt.backend.api_key:
         headers["authorization"] = f"Bearer {attempt.backend.api_key}"
-    content = json.dumps(outgoing_body(body, attempt)).encode()
+    content = attempt.content
     return httpx.Request("POST", url, headers=headers, content=content, extensions=request.extensions)
 
 
@@ -287,7 +287,7 @@ class AgentKVTransport(httpx.BaseTransport):
         body = json.loads(request.read())
         session = session_for(self.session, request, body)
         try:
-            attempt = session.prepare(counted_view(body), headers=request.headers)
+            attempt = session.prepare(body, headers=request.headers)
         except ContextOverflowError as error:
             return refused(error)
         stream = bool(body.get("stream"))
@@ -331,7 +331,7 @@ class AsyncAgentKVTransport(httpx.AsyncBaseTransport):
         body = json.loads(await request.aread())
         session = session_for(self.session, request, body)
         try:
-            attempt = await session.aprepare(counted_view(body), headers=request.headers)
+            attempt = await session.aprepare(body, headers=request.headers)
         except ContextOverflowError as refusal:
             return refused(refusal)
         stream = bool(body.get("stream"))
