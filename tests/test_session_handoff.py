@@ -10,6 +10,7 @@ from agentkv.embedded.engine.models import build_model
 from agentkv.embedded.server import LocalServer, engine_at
 from agentkv.demo.script import TOOLS, ScriptedAgent
 from agentkv import Handoff
+from agentkv._support.effects import run
 from agentkv.warm import CooldownMap
 
 
@@ -79,9 +80,10 @@ def test_unrelated_pair_falls_back_to_replay(source_model, monkeypatch):
 
 def test_backends_outside_this_process_replay():
     """Backends that are not in-process engines cannot take KV: the handoff says so and replays."""
-    outcome = Handoff("identity").at_escalation(
-        Backend("hosted_vllm/a", api_base="http://127.0.0.1:9/v1"), Backend("hosted_vllm/b", api_base="http://127.0.0.1:8/v1"),
-        payload=None, cache_salt=None)
+    handoff = Handoff("identity")
+    plan = handoff.plan(Backend("hosted_vllm/a", api_base="http://127.0.0.1:9/v1"),
+                        Backend("hosted_vllm/b", api_base="http://127.0.0.1:8/v1"), payload=None, cache_salt=None)
+    outcome = run(handoff.execute(plan))
     assert outcome.fallback and outcome.mapped_tokens == 0 and "embedded engines" in outcome.reason
 
 

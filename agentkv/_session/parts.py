@@ -27,6 +27,7 @@ from agentkv.state import StateStore, ejections_for
 from agentkv.state.config import resolve_state
 from agentkv.stats import SessionStats
 from agentkv.telemetry import tenant_digest
+from agentkv._session.pipeline import Pipeline, TurnEvent, processors
 from agentkv._support.effects import Machine, Spawn
 from agentkv.providers import SessionContext, SessionProviders
 from agentkv.tenancy import keeps_caller_salt, resolve_cache_salt
@@ -138,9 +139,10 @@ class SessionParts:
                                                                           self.session_stats, self.jobs))
         self.client: CompletionClient = self.providers.client(client if client is not None else _env.LazyLitellm())
         self.recorder = Recorder(self.session_stats, rows=options.get("ledger_rows"), session=self.session_id,
-                                 tenant=tenant)
+                                 tenant=tenant, report=self.report)
         self.sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self._warming(options.get("clock") or time.monotonic, options.get("cache_ledger"))
+        self.pipeline = Pipeline(processors(self))  # each turn event through the processors that apply here
         self.closed = False
 
     def _identities(self, cache_salt: str | bool | None, secret: str | None) -> None:
@@ -175,6 +177,10 @@ class SessionParts:
         if ledger is not None and slow is not None and followed:
             self.residency = SlowResidency(ledger, followed[0], self.cache_salt, self.counter(slow))
             self.warm.follow(self.residency)
+
+    def report(self, event: TurnEvent) -> None:
+        """Pass ``event`` through this Session's processors (:mod:`agentkv._session.pipeline`)."""
+        self.pipeline.report(self, event)
 
     def closing(self) -> "Machine[None]":
         """Refuse requests from now on; what a provider's part holds outside (Gemini's caches) is released in the

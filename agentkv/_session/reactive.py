@@ -12,6 +12,7 @@ from agentkv._session.attempts import Attempt
 from agentkv._session.decide import GiveUp
 from agentkv._session.inputs import Facts, max_tokens_of
 from agentkv._session.parts import SessionParts
+from agentkv._session.pipeline import TurnEvent
 from agentkv._session.steps import log_route
 from agentkv.errors import ContextOverflowError, PoolExhaustedError
 from agentkv.http.transport import redact_url
@@ -19,9 +20,7 @@ from agentkv.backends import Backend
 from agentkv.events import emit
 from agentkv.fleet import choose
 from agentkv.overflow import Overflow
-from agentkv.retry import outage_cause
 from agentkv.routing import Target, after_recovery, failover, plan_recovery
-from agentkv.telemetry import turns
 from agentkv.tokens import TokenCount
 
 __all__ = ["fail_over", "recover"]
@@ -32,7 +31,6 @@ def recover(s: SessionParts, attempt: Attempt, error: Exception, overflow: Overf
     """The next try after ``attempt`` overflowed with ``error``: clamped, escalated, or none (:class:`GiveUp` with a
     :class:`~agentkv.ContextOverflowError` caused by ``error``). ``count``: the failed backend's own count of the
     request (exact where it can be)."""
-    s.session_stats.add("overflow_errors")
     role = attempt.decision.role
     failed = facts.fast if role == "fast" else facts.slow
     if overflow.max_context:
@@ -45,8 +43,8 @@ def recover(s: SessionParts, attempt: Attempt, error: Exception, overflow: Overf
         already_clamped=attempt.reactive_clamped or not attempt.turn.left(role, s.retry.attempts),
         slow_usable=facts.slow.usable and role == "fast", policy=s.routing,
     )
-    emit("overflow", level="warning", variant=overflow.variant, action=plan.action, why=plan.why,
-         backend=attempt.backend.label, server_window=overflow.max_context, prompt=plan.prompt_tokens)
+    s.report(TurnEvent("overflowed", attempt, {"variant": overflow.variant, "action": plan.action, "why": plan.why,
+                                               "server_window": overflow.max_context, "prompt": plan.prompt_tokens}))
     if plan.action == "give_up":
         windows = {facts.fast.name: facts.fast.window}
         if s.slow is not None:
@@ -59,9 +57,8 @@ def recover(s: SessionParts, attempt: Attempt, error: Exception, overflow: Overf
             input_tokens=plan.prompt_tokens or attempt.count.total, windows=windows,
             max_tokens=attempt.decision.max_tokens,
         ), error))
-    s.session_stats.add("reactive_fallbacks")
     attempt.turn.recoveries += 1
-    turns.recovered(attempt, action=plan.action, variant=overflow.variant)
+    s.report(TurnEvent("recovered", attempt, {"action": plan.action, "variant": overflow.variant}))
     fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
         if attempt.decision.role == "fast" else facts.fast
     decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=s.routing,
@@ -91,12 +88,8 @@ def fail_over(s: SessionParts, attempt: Attempt, error: Exception, facts: Facts)
                         max_tokens=max_tokens_of(attempt.kwargs))
     if decision is None:
         return _give_up(s, attempt, error, facts)
-    s.session_stats.add("failovers")
     attempt.turn.failovers += 1
-    turns.failed_over(attempt, error=error, to=decision.backend, replica=False)
-    emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
-         status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=decision.backend,
-         session=s.session_id, tenant=s.tenant)
+    s.report(TurnEvent("failed_over", attempt, {"error": error, "to": decision.backend}))
     log_route(s, decision, attempt.count)
     return replace(attempt, decision=decision, backend=s.addressed(decision.role, facts, attempt.turn.replicas_down),
                    failed_over=True, reactive_clamped=False)
@@ -145,12 +138,9 @@ def _replica_state(s: SessionParts, attempt: Attempt, url: str, facts: Facts) ->
 
 def _moved(s: SessionParts, attempt: Attempt, error: Exception, replica: Backend) -> Attempt:
     """The same try on the conversation's next replica: the same route and budget, no tier change."""
-    s.session_stats.add("replica_failovers")
-    turns.failed_over(attempt, error=error, to=replica.label, replica=True)
-    emit("replica_failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
-         backend=attempt.backend.label, failed=redact_url(attempt.backend.api_base or ""),
-         to=redact_url(replica.api_base or ""), session=s.session_id,
-         tenant=s.tenant)
+    s.report(TurnEvent("replica_failed_over", attempt, {
+        "error": error, "to": replica.label, "failed": redact_url(attempt.backend.api_base or ""),
+        "to_url": redact_url(replica.api_base or "")}))
     return replace(attempt, backend=replica)
 
 

@@ -8,7 +8,7 @@ reports its usage). Whether an answered request was the escalation is decided by
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agentkv._session.attempts import Attempt
 from agentkv.wire.usage import StreamWatcher, Usage, report_rejected, response_usage, token_figure
@@ -19,6 +19,9 @@ from agentkv.routing import Role
 from agentkv.stats import LedgerEntry, SessionStats
 from agentkv.tokens import TokenCount
 
+if TYPE_CHECKING:
+    from agentkv._session.pipeline import TurnEvent
+
 _REASON_COUNTERS = {"proactive": "proactive_routes", "clamped": "clamps", "reactive_clamp": "reactive_clamps",
                     "reactive_escalate": "reactive_escalations"}
 
@@ -28,22 +31,23 @@ class Recorder:
     request."""
 
     def __init__(self, stats: SessionStats, *, rows: int | None = None, session: str | None = None,
-                 tenant: str | None = None) -> None:
+                 tenant: str | None = None, report: "Callable[[TurnEvent], None] | None" = None) -> None:
         if rows is not None:
             check_positive_int("Session", "ledger_rows", rows)
         self.stats = stats
         self._session, self._tenant = session, tenant  # what each turn's event names
+        self._report = report  # where an answer's event goes once its usage is known (the Session's pipeline)
         self.ledger: list[LedgerEntry] = []
         self.previous_role: Role | None = None
         self._rows = rows
         self._dropped = 0  # rows dropped from the front (a bounded ledger): turn t is at index t - 1 - dropped
 
     def finish(self, attempt: Attempt, response: Any, *, escalation: bool, after_warm: bool,
-               on_usage: Callable[[Usage], None] | None = None, pooled: bool = False) -> Any:
+               event: "TurnEvent | None" = None, pooled: bool = False) -> Any:
         """Count the answered request, add its ledger row, and record its cached tokens (now, or when a
         stream reports usage). ``escalation``: it was the move to slow; ``after_warm``: a warm preceded it;
-        ``on_usage`` is also handed the answer's :class:`Usage` once it is known; ``pooled``: the backend is a pool
-        (the request is counted per replica too)."""
+        ``event`` (the answer's) is reported with the answer's :class:`Usage` in its data once that is known;
+        ``pooled``: the backend is a pool (the request is counted per replica too)."""
         decision = attempt.decision
         self.stats.request(decision.backend, redact_url(attempt.backend.api_base or "") if pooled else None)
         if decision.reason in _REASON_COUNTERS:
@@ -57,8 +61,8 @@ class Recorder:
         def answered(usage: Usage) -> None:
             report_rejected(usage, backend=attempt.backend.label, session=self._session, tenant=self._tenant)
             self._cached(entry, usage.cached_tokens, escalation)
-            if on_usage is not None:
-                self._taught(on_usage, usage, attempt.backend.label)
+            if event is not None and self._report is not None:
+                self._report(replace(event, data={**event.data, "usage": usage}))
 
         if attempt.kwargs.get("stream"):
             return StreamWatcher(response, answered)
@@ -92,14 +96,6 @@ class Recorder:
                             session=self._session, tenant=self._tenant)
         self.ledger[index] = replace(self.ledger[index], cached_tokens=cached)
         self._count_cached(cached)
-
-    def _taught(self, on_usage: Callable[[Usage], None], usage: Usage, backend: str) -> None:
-        """Hand ``usage`` to what learns from it; the answer has arrived, so nothing learned from it may fail its
-        turn (or break the caller's stream): a failure is a ``usage_unlearned`` error event instead."""
-        try:
-            on_usage(usage)
-        except Exception as exc:  # noqa: BLE001 - the caller's answer is already in hand
-            emit("usage_unlearned", level="error", backend=backend, error=type(exc).__name__, session=self._session)
 
     def _append(self, count: TokenCount, backend: str, reason: str, warm: str) -> LedgerEntry:
         entry = LedgerEntry(self._dropped + len(self.ledger) + 1, count.total, count.tools,

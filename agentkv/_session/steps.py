@@ -14,20 +14,18 @@ from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Action, Outcome, next_action
 from agentkv._session.inputs import Facts, max_tokens_of, request_payload
 from agentkv._session.parts import SessionParts
+from agentkv._session.pipeline import TurnEvent
 from agentkv._session.prediction import Prediction, predicting
 from agentkv._session.warm_prefix import checking_warm_prefix
 from agentkv._support.effects import Machine
 from agentkv.errors import ContextOverflowError
 from agentkv.events import emit, enabled, prompt_fields
-from agentkv.fleet import affinity_missed, routing_headers
+from agentkv.fleet import routing_headers
 from agentkv.routing import RouteDecision, decide_route, is_escalation
 from agentkv.telemetry import turns
-from agentkv.telemetry.otel import ended
 from agentkv.tenancy import screen_caller_salts
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.payload import detached
-from agentkv.providers import account, strategy_for
-from agentkv.wire.usage import Usage, server_clamped
 
 __all__ = ["decide", "finish", "hand_off", "log_route", "next_step", "open_request", "plan"]
 
@@ -116,10 +114,8 @@ def hand_off(s: SessionParts, attempt: Attempt) -> Machine[None]:
     if outcome.request is not None:
         attempt.kwargs, attempt.cache_salt = outcome.request.kwargs, outcome.request.cache_salt
         attempt.handoff_export = outcome.request.export  # per request: each escalation counts its own import
-    ended(span, attributes={"agentkv.handoff.mapped_tokens": outcome.mapped_tokens,
-                            "agentkv.handoff.fallback": outcome.fallback})
-    s.session_stats.add("mapped_tokens", outcome.mapped_tokens)
-    s.session_stats.add("handoff_fallbacks", int(outcome.fallback))
+    s.report(TurnEvent("handed_off", attempt, {"span": span, "mapped_tokens": outcome.mapped_tokens,
+                                               "fallback": outcome.fallback}))
 
 
 def finish(s: SessionParts, attempt: Attempt, response: Any) -> Machine[Any]:
@@ -133,17 +129,11 @@ def finish(s: SessionParts, attempt: Attempt, response: Any) -> Machine[Any]:
 
     if escalation and s.slow is not None:
         hosted.tally(s, s.backend("slow"), None, escalated=True)
-
-    def on_usage(usage: Usage) -> None:
-        if prediction is not None:
-            prediction.reported(usage.cached_tokens)
-        account(s.session_stats, attempt.backend, usage, escalation=escalation and warmed is not None,
-                session=s.session_id)
-        _answered_usage(s, attempt, usage, expected)
-        turns.answered(attempt, usage, escalation=escalation, warm_tokens=warm_tokens if warmed is not None else None)
-
+    answered = {"escalation": escalation, "warmed": warmed is not None, "warm_tokens": warm_tokens,
+                "expected": expected, "prediction": prediction}
     result = s.recorder.finish(attempt, response, escalation=escalation, after_warm=warmed is not None,
-                               on_usage=on_usage, pooled=attempt.backend.label in s.replicas)
+                               event=TurnEvent("answered", attempt, answered),
+                               pooled=attempt.backend.label in s.replicas)
     if escalation and warmed is not None:  # the broken-warm diagnostic, off the request path
         yield from checking_warm_prefix(s.counter(attempt.backend), warmed, attempt.payload, s.session_stats,
                                         s.session_id)
@@ -158,31 +148,6 @@ def _expected_prefix(s: SessionParts, attempt: Attempt, escalation: bool) -> int
         return None
     return s.warm.warmed_tokens if escalation else s.slow_prompt_tokens
 
-
-def _affinity(s: SessionParts, attempt: Attempt, usage: Usage, expected: int | None) -> None:
-    """Count an affinity miss (a slow turn finding far less cached than it should), and remember this slow prompt."""
-    if attempt.decision.role != "slow":
-        return
-    if affinity_missed(expected, usage.cached_tokens):
-        s.session_stats.add("affinity_misses")
-        emit("affinity_miss", level="warning", backend=attempt.backend.label, expected=expected,
-             cached=usage.cached_tokens, session=s.session_id, tenant=s.tenant)
-    s.slow_prompt_tokens = usage.prompt_tokens
-    if attempt.payload.messages is not None and strategy_for(attempt.backend).cache_moves(attempt.backend, usage):
-        s.cache_end = len(attempt.payload.messages)  # this turn's marks wrote (or the next one's write) up to here
-
-
-def _answered_usage(s: SessionParts, attempt: Attempt, usage: Usage, expected: int | None = None) -> None:
-    """What an answer's usage teaches: the server's prompt count is this Session's claim toward the backend's
-    estimate bound (:mod:`agentkv.tokens.bound`: no single answer widens it), and a silent server clamp (vLLM 0.32:
-    200, ``finish_reason`` "length", fewer tokens than sent) is recorded and sends discovery back to the server for
-    the real window. ``usage`` was checked when read (:func:`agentkv.wire.usage.token_figure`)."""
-    _affinity(s, attempt, usage, expected)
-    if usage.prompt_tokens is not None:
-        s.counter(attempt.backend).learn(attempt.payload, usage.prompt_tokens, origin="usage", session=s.session_id)
-    if server_clamped(usage, attempt.decision.max_tokens):
-        s.recorder.server_clamp(attempt, usage, session=s.session_id, tenant=s.tenant)
-        s.discovery.rediscover(attempt.backend)
 
 def _predict(s: SessionParts, attempt: Attempt) -> Machine[Prediction | None]:
     """Start the ledger's prediction for a request to a backend it follows (worked out in the background)."""

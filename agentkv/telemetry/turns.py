@@ -129,6 +129,12 @@ def handoff_span(attempt: Any) -> Any:
 
 
 @guarded(None)
+def ended_handoff(span: Any, *, mapped_tokens: int, fallback: bool) -> None:
+    """The KV handoff's span ends with what it mapped."""
+    ended(span, attributes={"agentkv.handoff.mapped_tokens": mapped_tokens, "agentkv.handoff.fallback": fallback})
+
+
+@guarded(None)
 def answered(attempt: Any, usage: Any, *, escalation: bool, warm_tokens: int | None) -> None:
     """The turn's answer: usage on its span (which ends), the token and duration histograms, an escalation counted by
     whether it found the warm cached."""

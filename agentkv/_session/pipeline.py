@@ -1,0 +1,165 @@
+"""A turn's events, each one object passed through the Session's processors (as structlog passes an event through
+its processors).
+
+Each thing that happens in a turn is one :class:`TurnEvent`: its ``kind``, the attempt it happened to, and its
+``data`` (sizes, names, outcomes, the answer's usage: never prompt text). :meth:`Pipeline.report` passes it through
+each processor of the Session's tuple, in order:
+
+- :func:`counted`: the Session's stats (``stats()``);
+- :func:`logged`: the structlog event;
+- :func:`traced`: the turn's OpenTelemetry span events and metrics;
+- :func:`learned`: what an answer teaches (the estimate bound, a silent server clamp, the cache's moves, the
+  ledger's prediction);
+- :func:`priced`: a managed API's cache tokens and dollars, registered only when a backend of the Session is one.
+
+A processor is a plain function ``(parts, event) -> None``, registered in :func:`processors` where it applies; adding
+one is a function and a line there. One that fails is logged by its error's type and the next runs: reporting never
+fails a turn.
+
+    pipeline.report(TurnEvent("failed_over", attempt, {"error": error, "to": decision.backend}))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from agentkv.events import emit
+from agentkv.providers import account, strategy_for
+from agentkv.retry import outage_cause
+from agentkv.fleet import affinity_missed
+from agentkv.telemetry import turns
+from agentkv.wire.usage import server_clamped
+
+if TYPE_CHECKING:
+    from agentkv._session.attempts import Attempt
+    from agentkv._session.parts import SessionParts
+
+__all__ = ["Pipeline", "Processor", "TurnEvent", "counted", "learned", "logged", "priced", "processors", "traced"]
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    """One thing that happened in a turn: ``kind`` (``overflowed``, ``recovered``, ``failed_over``,
+    ``replica_failed_over``, ``handed_off``, ``answered``), the ``attempt`` it happened to, and its ``data``."""
+
+    kind: str
+    attempt: "Attempt"
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+Processor = Callable[["SessionParts", TurnEvent], None]
+
+# What each kind of event counts in the Session's stats (a count of one each; a handoff's figures come from its data).
+_COUNTERS: dict[str, tuple[str, ...]] = {
+    "overflowed": ("overflow_errors",), "recovered": ("reactive_fallbacks",), "failed_over": ("failovers",),
+    "replica_failed_over": ("replica_failovers",),
+}
+
+
+def counted(s: "SessionParts", event: TurnEvent) -> None:
+    """The Session's stats: a count per kind, a handoff's mapped tokens and fallbacks, an affinity miss."""
+    for name in _COUNTERS.get(event.kind, ()):
+        s.session_stats.add(name)
+    if event.kind == "handed_off":
+        s.session_stats.add("mapped_tokens", event.data["mapped_tokens"])
+        s.session_stats.add("handoff_fallbacks", int(event.data["fallback"]))
+    if event.kind == "answered" and _affinity_missed(event):
+        s.session_stats.add("affinity_misses")
+
+
+def logged(s: "SessionParts", event: TurnEvent) -> None:
+    """The structlog event of each kind that has one (sizes, names and error types)."""
+    attempt, data = event.attempt, event.data
+    if event.kind == "overflowed":
+        emit("overflow", level="warning", variant=data["variant"], action=data["action"], why=data["why"],
+             backend=attempt.backend.label, server_window=data["server_window"], prompt=data["prompt"])
+    elif event.kind in ("failed_over", "replica_failed_over"):
+        error = data["error"]
+        if event.kind == "failed_over":
+            emit("failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
+                 status_code=getattr(error, "status_code", None), failed=attempt.backend.label, to=data["to"],
+                 session=s.session_id, tenant=s.tenant)
+        else:
+            emit("replica_failover", level="warning", error=type(error).__name__, cause=outage_cause(error),
+                 backend=attempt.backend.label, failed=data["failed"], to=data["to_url"], session=s.session_id,
+                 tenant=s.tenant)
+    elif event.kind == "answered" and _affinity_missed(event):
+        usage = data["usage"]
+        emit("affinity_miss", level="warning", backend=attempt.backend.label, expected=data["expected"],
+             cached=usage.cached_tokens, session=s.session_id, tenant=s.tenant)
+
+
+def traced(s: "SessionParts", event: TurnEvent) -> None:
+    """The turn's span: an overflow recovered, a failover, the handoff's span ended, the answer."""
+    attempt, data = event.attempt, event.data
+    if event.kind == "recovered":
+        turns.recovered(attempt, action=data["action"], variant=data["variant"])
+    elif event.kind in ("failed_over", "replica_failed_over"):
+        turns.failed_over(attempt, error=data["error"], to=data["to"], replica=event.kind == "replica_failed_over")
+    elif event.kind == "handed_off":
+        turns.ended_handoff(data["span"], mapped_tokens=data["mapped_tokens"], fallback=data["fallback"])
+    elif event.kind == "answered":
+        turns.answered(attempt, data["usage"], escalation=data["escalation"],
+                       warm_tokens=data["warm_tokens"] if data["warmed"] else None)
+
+
+def learned(s: "SessionParts", event: TurnEvent) -> None:
+    """What an answer's usage teaches: the ledger's prediction its outcome, the backend's estimate bound a claim (no
+    single answer widens it), a silent server clamp (vLLM 0.32: 200, ``finish_reason`` "length", fewer tokens than
+    sent) a rediscovery of the real window, and a slow answer where its conversation's cache now ends."""
+    if event.kind != "answered":
+        return
+    attempt, usage, prediction = event.attempt, event.data["usage"], event.data["prediction"]
+    if prediction is not None:
+        prediction.reported(usage.cached_tokens)
+    if attempt.decision.role == "slow":
+        s.slow_prompt_tokens = usage.prompt_tokens
+        if attempt.payload.messages is not None and strategy_for(attempt.backend).cache_moves(attempt.backend, usage):
+            s.cache_end = len(attempt.payload.messages)  # this turn's marks wrote (or the next one's write) up to here
+    if usage.prompt_tokens is not None:
+        s.counter(attempt.backend).learn(attempt.payload, usage.prompt_tokens, origin="usage", session=s.session_id)
+    if server_clamped(usage, attempt.decision.max_tokens):
+        s.recorder.server_clamp(attempt, usage, session=s.session_id, tenant=s.tenant)
+        s.discovery.rediscover(attempt.backend)
+
+
+def priced(s: "SessionParts", event: TurnEvent) -> None:
+    """A managed API's answer: its cache tokens and dollars, an escalation's read saving apart."""
+    if event.kind == "answered":
+        data = event.data
+        account(s.session_stats, event.attempt.backend, data["usage"], escalation=data["escalation"] and data["warmed"],
+                session=s.session_id)
+
+
+def _affinity_missed(event: TurnEvent) -> bool:
+    """A slow answer that found far less cached than it should have."""
+    return event.attempt.decision.role == "slow" and affinity_missed(event.data["expected"],
+                                                                     event.data["usage"].cached_tokens)
+
+
+def processors(s: "SessionParts") -> tuple[Processor, ...]:
+    """The Session's processors, each where it applies (:func:`priced` only beside a managed backend)."""
+    found: list[Processor] = [counted, logged, traced, learned]
+    if any(not b.self_hosted for b in s.backends()):
+        found.append(priced)
+    return tuple(found)
+
+
+class Pipeline:
+    """The Session's processors, and :meth:`report`, which passes each event through them all."""
+
+    def __init__(self, found: tuple[Processor, ...]) -> None:
+        self.processors = found
+
+    def report(self, s: "SessionParts", event: TurnEvent) -> None:
+        """``event`` through every processor; one that fails is logged (its error's type) and the next runs."""
+        for processor in self.processors:
+            try:
+                processor(s, event)
+            except Exception as exc:  # reporting never fails a turn (nor breaks the caller's stream)
+                # an answer's: what its usage teaches failed (the answer is in the caller's hands already)
+                name, level = ("usage_unlearned", "error") if event.kind == "answered" else ("turn_event_unprocessed",
+                                                                                             "warning")
+                emit(name, level=level, kind=event.kind, processor=getattr(processor, "__name__", "?"),
+                     error=type(exc).__name__, backend=event.attempt.backend.label, session=s.session_id)
