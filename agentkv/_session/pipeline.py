@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from agentkv.events import emit
+from agentkv._session import hosted
+from agentkv.events import emit, enabled, prompt_fields
 from agentkv.providers import account, strategy_for
 from agentkv.retry import outage_cause
 from agentkv.fleet import affinity_missed
@@ -61,6 +62,8 @@ def counted(s: "SessionParts", event: TurnEvent) -> None:
     """The Session's stats: a count per kind, a handoff's mapped tokens and fallbacks, an affinity miss."""
     for name in _COUNTERS.get(event.kind, ()):
         s.session_stats.add(name)
+    if event.kind == "routed" and event.data["opening"] and event.attempt.decision.note:
+        s.session_stats.add("catalog_refusals")
     if event.kind == "handed_off":
         s.session_stats.add("mapped_tokens", event.data["mapped_tokens"])
         s.session_stats.add("handoff_fallbacks", int(event.data["fallback"]))
@@ -71,7 +74,9 @@ def counted(s: "SessionParts", event: TurnEvent) -> None:
 def logged(s: "SessionParts", event: TurnEvent) -> None:
     """The structlog event of each kind that has one (sizes, names and error types)."""
     attempt, data = event.attempt, event.data
-    if event.kind == "overflowed":
+    if event.kind == "routed":
+        _route_logged(s, attempt)
+    elif event.kind == "overflowed":
         emit("overflow", level="warning", variant=data["variant"], action=data["action"], why=data["why"],
              backend=attempt.backend.label, server_window=data["server_window"], prompt=data["prompt"])
     elif event.kind in ("failed_over", "replica_failed_over"):
@@ -90,10 +95,28 @@ def logged(s: "SessionParts", event: TurnEvent) -> None:
              cached=usage.cached_tokens, session=s.session_id, tenant=s.tenant)
 
 
+def _route_logged(s: "SessionParts", attempt: "Attempt") -> None:
+    """The ``route`` event: the decision, the count it was made on, and (at ``info``) the prompt's fields."""
+    decision, counted = attempt.decision, attempt.count
+    emit(
+        "route", reason=decision.reason, target=decision.backend, role=decision.role,
+        estimate=decision.estimated_input_tokens, floor=s.routing.output_floor, window=decision.window,
+        max_tokens=decision.max_tokens, count_source=counted.source, exact=counted.exact,
+        tool_tokens=counted.tools, session=s.session_id, tenant=s.tenant, note=decision.note or None,
+        **(prompt_fields(s.history[-1] if s.history else None) if enabled("info") else {}),
+    )
+
+
 def traced(s: "SessionParts", event: TurnEvent) -> None:
-    """The turn's span: an overflow recovered, a failover, the handoff's span ended, the answer."""
+    """The turn's span: started when routed, the warm's outcome, an overflow recovered, a failover, the handoff's
+    span ended, the answer."""
     attempt, data = event.attempt, event.data
-    if event.kind == "recovered":
+    if event.kind == "routed" and data["opening"]:
+        turns.planned(attempt, tenant=s.tenant_digest, conversation=s.routing_key, warm_span=s.warm.span,
+                      escalation=data["escalation"])
+    elif event.kind == "warmed":
+        turns.warmed(attempt)
+    elif event.kind == "recovered":
         turns.recovered(attempt, action=data["action"], variant=data["variant"])
     elif event.kind in ("failed_over", "replica_failed_over"):
         turns.failed_over(attempt, error=data["error"], to=data["to"], replica=event.kind == "replica_failed_over")
@@ -108,6 +131,8 @@ def learned(s: "SessionParts", event: TurnEvent) -> None:
     """What an answer's usage teaches: the ledger's prediction its outcome, the backend's estimate bound a claim (no
     single answer widens it), a silent server clamp (vLLM 0.32: 200, ``finish_reason`` "length", fewer tokens than
     sent) a rediscovery of the real window, and a slow answer where its conversation's cache now ends."""
+    if event.kind == "warmed" and s.slow is not None:  # the cost gate's tally: a conversation crossed the threshold
+        hosted.tally(s, s.backend("slow"), event.data["outcome"], escalated=False)
     if event.kind != "answered":
         return
     attempt, usage, prediction = event.attempt, event.data["usage"], event.data["prediction"]

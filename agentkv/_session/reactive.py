@@ -13,7 +13,7 @@ from agentkv._session.decide import GiveUp
 from agentkv._session.inputs import Facts, max_tokens_of
 from agentkv._session.parts import SessionParts
 from agentkv._session.pipeline import TurnEvent
-from agentkv._session.steps import log_route
+from agentkv._session.steps import routed
 from agentkv.errors import ContextOverflowError, PoolExhaustedError
 from agentkv.http.transport import redact_url
 from agentkv.backends import Backend
@@ -63,10 +63,11 @@ def recover(s: SessionParts, attempt: Attempt, error: Exception, overflow: Overf
         if attempt.decision.role == "fast" else facts.fast
     decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=s.routing,
                               requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
-    log_route(s, decision, attempt.count)
     escalated = decision.role != attempt.decision.role
     backend = s.addressed(decision.role, facts, attempt.turn.replicas_down) if escalated else attempt.backend
-    return replace(attempt, decision=decision, backend=backend, reactive_clamped=not escalated)
+    moved = replace(attempt, decision=decision, backend=backend, reactive_clamped=not escalated)
+    routed(s, moved)
+    return moved
 
 
 def fail_over(s: SessionParts, attempt: Attempt, error: Exception, facts: Facts) -> Attempt | GiveUp:
@@ -90,9 +91,10 @@ def fail_over(s: SessionParts, attempt: Attempt, error: Exception, facts: Facts)
         return _give_up(s, attempt, error, facts)
     attempt.turn.failovers += 1
     s.report(TurnEvent("failed_over", attempt, {"error": error, "to": decision.backend}))
-    log_route(s, decision, attempt.count)
-    return replace(attempt, decision=decision, backend=s.addressed(decision.role, facts, attempt.turn.replicas_down),
-                   failed_over=True, reactive_clamped=False)
+    other = replace(attempt, decision=decision, backend=s.addressed(decision.role, facts, attempt.turn.replicas_down),
+                    failed_over=True, reactive_clamped=False)
+    routed(s, other)
+    return other
 
 
 def _next_replica(s: SessionParts, attempt: Attempt, facts: Facts) -> Backend | None:

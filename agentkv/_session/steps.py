@@ -19,7 +19,6 @@ from agentkv._session.prediction import Prediction, predicting
 from agentkv._session.warm_prefix import checking_warm_prefix
 from agentkv._support.effects import Machine
 from agentkv.errors import ContextOverflowError
-from agentkv.events import emit, enabled, prompt_fields
 from agentkv.fleet import routing_headers
 from agentkv.routing import RouteDecision, decide_route, is_escalation
 from agentkv.telemetry import turns
@@ -27,7 +26,7 @@ from agentkv.tenancy import screen_caller_salts
 from agentkv.tokens import Payload, TokenCount
 from agentkv.tokens.payload import detached
 
-__all__ = ["decide", "finish", "hand_off", "log_route", "next_step", "open_request", "plan"]
+__all__ = ["decide", "finish", "hand_off", "routed", "next_step", "open_request", "plan"]
 
 
 def open_request(s: SessionParts, kwargs: dict[str, Any], *, text: bool = False) -> Payload:
@@ -58,28 +57,21 @@ def plan(s: SessionParts, kwargs: dict[str, Any], payload: Payload, counted: Tok
     except ContextOverflowError:
         s.session_stats.add("slow_overflow_refusals")
         raise
-    if decision.note:
-        s.session_stats.add("catalog_refusals")
-    log_route(s, decision, counted)
     if payload.messages is not None and s.cache_end is not None and len(payload.messages) < s.cache_end:
         s.cache_end = None  # the history shrank (compacted): the last write's end is no longer in it
     attempt = Attempt(decision, s.addressed(decision.role, known), kwargs, payload, counted, s.cache_salt,
                       timeout_s=s.request_timeout_s, sent_at=s.stamp(), keeps_caller_salt=s.keeps_caller_salt,
                       routing_key=s.routing_key, headers=headers or {}, cache_end=s.cache_end)
-    turns.planned(attempt, tenant=s.tenant_digest, conversation=s.routing_key, warm_span=s.warm.span,
-                  escalation=is_escalation(s.recorder.previous_role, decision))
+    routed(s, attempt, opening=True)
     return attempt
 
 
-def log_route(s: SessionParts, decision: RouteDecision, counted: TokenCount) -> None:
-    s.last_route = decision
-    emit(
-        "route", reason=decision.reason, target=decision.backend, role=decision.role,
-        estimate=decision.estimated_input_tokens, floor=s.routing.output_floor, window=decision.window,
-        max_tokens=decision.max_tokens, count_source=counted.source, exact=counted.exact,
-        tool_tokens=counted.tools, session=s.session_id, tenant=s.tenant, note=decision.note or None,
-        **(prompt_fields(s.history[-1] if s.history else None) if enabled("info") else {}),
-    )
+def routed(s: SessionParts, attempt: Attempt, *, opening: bool = False) -> None:
+    """``attempt``'s route decided (the turn's first, ``opening``, or after a recovery or a failover): the Session's
+    last route, and the ``routed`` event."""
+    s.last_route = attempt.decision
+    escalation = is_escalation(s.recorder.previous_role, attempt.decision) if opening else False
+    s.report(TurnEvent("routed", attempt, {"opening": opening, "escalation": escalation}))
 
 
 def next_step(s: SessionParts, attempt: Attempt, outcome: Outcome | None) -> Action:

@@ -14,6 +14,7 @@ from agentkv._session import hosted
 from agentkv._session.attempts import Attempt, raw_warm_target, warm_body, warm_kwargs
 from agentkv._session.inputs import Facts
 from agentkv._session.parts import SessionParts
+from agentkv._session.pipeline import TurnEvent
 from agentkv._support.effects import Machine, Spawn
 from agentkv.backends import Backend
 from agentkv.fleet import routing_headers
@@ -29,9 +30,8 @@ def maybe_warm(s: SessionParts, attempt: Attempt, known: Facts) -> Machine[None]
         slow = _warm_target(s, known)
         claim = yield from s.warm.considering(attempt.payload, **_warm_inputs(s, attempt, known, slow))
         attempt.warm = claim.outcome
-        hosted.tally(s, s.backend("slow"), attempt.warm, escalated=False)
         yield from _sending(s, attempt, slow, claim)
-        turns.warmed(attempt)
+        s.report(TurnEvent("warmed", attempt, {"outcome": claim.outcome}))
 
 
 def _warm_target(s: SessionParts, known: Facts) -> Backend:
