@@ -30,6 +30,7 @@ from agentkv.providers import account, strategy_for
 from agentkv.retry import outage_cause
 from agentkv.fleet import affinity_missed
 from agentkv.telemetry import turns
+from agentkv.warm.sender import COUNTED_SKIPS
 from agentkv.wire.usage import server_clamped
 
 if TYPE_CHECKING:
@@ -41,8 +42,9 @@ __all__ = ["Pipeline", "Processor", "TurnEvent", "counted", "learned", "logged",
 
 @dataclass(frozen=True)
 class TurnEvent:
-    """One thing that happened in a turn: ``kind`` (``overflowed``, ``recovered``, ``failed_over``,
-    ``replica_failed_over``, ``handed_off``, ``answered``), the ``attempt`` it happened to, and its ``data``."""
+    """One thing that happened in a turn: ``kind`` (``routed``, ``warmed``, ``overflowed``, ``recovered``,
+    ``failed_over``, ``replica_failed_over``, ``handed_off``, ``answered``, ``failed``), the ``attempt`` it happened
+    to, and its ``data``."""
 
     kind: str
     attempt: "Attempt"
@@ -64,6 +66,12 @@ def counted(s: "SessionParts", event: TurnEvent) -> None:
         s.session_stats.add(name)
     if event.kind == "routed" and event.data["opening"] and event.attempt.decision.note:
         s.session_stats.add("catalog_refusals")
+    if event.kind == "warmed":
+        outcome = event.data["outcome"]
+        if outcome in COUNTED_SKIPS:
+            s.session_stats.add(f"warm_skipped_{outcome}")
+        elif outcome == "fire" and not event.data["check"]:  # a check is counted once its job knows what slow holds
+            s.session_stats.add("warm_fired")
     if event.kind == "handed_off":
         s.session_stats.add("mapped_tokens", event.data["mapped_tokens"])
         s.session_stats.add("handoff_fallbacks", int(event.data["fallback"]))
@@ -76,6 +84,8 @@ def logged(s: "SessionParts", event: TurnEvent) -> None:
     attempt, data = event.attempt, event.data
     if event.kind == "routed":
         _route_logged(s, attempt)
+    elif event.kind == "warmed" and data["outcome"] == "fire" and not data["check"]:
+        emit("warm_fired", estimate=attempt.count.total, session=s.session_id, tenant=s.tenant)
     elif event.kind == "overflowed":
         emit("overflow", level="warning", variant=data["variant"], action=data["action"], why=data["why"],
              backend=attempt.backend.label, server_window=data["server_window"], prompt=data["prompt"])
@@ -116,6 +126,8 @@ def traced(s: "SessionParts", event: TurnEvent) -> None:
                       escalation=data["escalation"])
     elif event.kind == "warmed":
         turns.warmed(attempt)
+    elif event.kind == "failed":
+        turns.failed(attempt, data["error"])
     elif event.kind == "recovered":
         turns.recovered(attempt, action=data["action"], variant=data["variant"])
     elif event.kind in ("failed_over", "replica_failed_over"):

@@ -24,6 +24,7 @@ from agentkv._session import gather, reactive, steps, warming
 from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Answered, Failed, FailOver, Finish, GiveUp, HandOff, Outcome, Recover, Send
 from agentkv._session.parts import SessionParts
+from agentkv._session.pipeline import TurnEvent
 from agentkv._support.effects import Call, Machine, Raised, Wait
 from agentkv.retry import log_retry
 from agentkv.telemetry import turns
@@ -83,7 +84,7 @@ def turn(s: SessionParts, attempt: Attempt, send: Callable[[Attempt], Any], *, s
             continue
         moved = action if isinstance(action, GiveUp) else (yield from next_try(s, attempt, action))
         if isinstance(moved, GiveUp):
-            turns.failed(attempt, moved.error)
+            s.report(TurnEvent("failed", attempt, {"error": moved.error}))
             return TurnEnd(attempt, error=moved.error)
         attempt, outcome = moved, None
 

@@ -31,7 +31,7 @@ def maybe_warm(s: SessionParts, attempt: Attempt, known: Facts) -> Machine[None]
         claim = yield from s.warm.considering(attempt.payload, **_warm_inputs(s, attempt, known, slow))
         attempt.warm = claim.outcome
         yield from _sending(s, attempt, slow, claim)
-        s.report(TurnEvent("warmed", attempt, {"outcome": claim.outcome}))
+        s.report(TurnEvent("warmed", attempt, {"outcome": claim.outcome, "check": claim.check}))
 
 
 def _warm_target(s: SessionParts, known: Facts) -> Backend:

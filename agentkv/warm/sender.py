@@ -42,9 +42,9 @@ from agentkv.warm.events import SENDS, EventOutcome
 from agentkv.warm.policy import WarmAheadPolicy, WarmDecision, decide_warm
 from agentkv.wire.usage import report_rejected, response_usage
 
-__all__ = ["Claimed", "WarmAhead", "WarmPlan", "WarmRequest", "event_namespace"]
+__all__ = ["COUNTED_SKIPS", "Claimed", "WarmAhead", "WarmPlan", "WarmRequest", "event_namespace"]
 
-_COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even",
+COUNTED_SKIPS = ("disabled", "unknown_model", "cooldown", "saturated", "state_unavailable", "break_even",
                   "below_cache_minimum", "cost")
 _EVENT_COUNTERS = {"fire": "warm_fired", "skip_resident": "warm_skipped_resident",
                    "rewarm_evicted": "warm_rewarm_evicted", "top_up": "warm_top_up"}
@@ -177,9 +177,9 @@ class WarmAhead:
         return conversation_claim(self.policy, self._tenant_key, self._session_id, self.replica)
 
     def _counted(self, claim: Claimed, payload: Payload, inputs: dict[str, Any]) -> Claimed:
+        """The claim, made a check where the slow server's cache decides; a plain fire's prompt kept as the warmed
+        one. (The outcome is counted and logged by the turn's ``warmed`` event: :mod:`agentkv._session.pipeline`.)"""
         outcome = claim.outcome
-        if outcome in _COUNTED_SKIPS:
-            self._stats.add(f"warm_skipped_{outcome}")
         if self.residency is not None and outcome in ("fire", "cooldown"):
             owns = self.residency.busy.acquire(blocking=False)
             if owns or outcome == "fire":  # a claimed warm is always decided; a check only when none runs
@@ -188,10 +188,8 @@ class WarmAhead:
                                payload=detached(payload, deep=True))
             return claim  # counted by the job, once it knows what the slow server holds
         if outcome == "fire":
-            self._stats.add("warm_fired")
             self.warmed = detached(payload, deep=True)  # the warm's prompt, whatever the caller edits before escalating
             self.warmed_tokens = inputs.get("estimated_tokens")
-            emit("warm_fired", estimate=inputs.get("estimated_tokens"), session=self._session_id, tenant=self._tenant)
         return claim
 
     def moving(self, payload: Payload, tokens: int | None) -> Machine[Claimed]:
@@ -200,7 +198,7 @@ class WarmAhead:
         estimated), counted as a fired warm. A "fire" holds the lease: the turn sends the warm now."""
         outcome, lease = yield from claimed(self._store, self._claim())
         if outcome != "fire":
-            if outcome in _COUNTED_SKIPS:
+            if outcome in COUNTED_SKIPS:
                 self._stats.add(f"warm_skipped_{outcome}")
             return Claimed(outcome)
         self._stats.add("warm_fired")
