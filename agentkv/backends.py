@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from agentkv._support.defaults import shared
 from agentkv.http.transport import redact_url, unsendable_header
 from agentkv.errors import ConfigurationError
-from agentkv.providers.kinds import PROVIDERS, Provider, check_options, provider_of
+from agentkv.providers.kinds import ALIASES, PROVIDERS, Provider, check_options, provider_of
 
 __all__ = ["Backend", "ServerInfo", "WindowInfo", "catalog_window", "parse_models_response", "positive_window",
            "redact_secrets"]
@@ -59,8 +59,9 @@ class Backend:
     What kind of server it is follows from litellm's provider in ``model`` (:mod:`agentkv.providers`), never from
     whether ``api_base`` is set: ``anthropic/claude-sonnet-4-5`` behind a company proxy is Anthropic's API, and its
     requests carry Anthropic's cache marks, not vLLM's ``cache_salt``. ``provider=`` says it where the model string
-    cannot (``"vllm"``, ``"openai"``, ``"anthropic"``, ``"gemini"`` or ``"hosted"``). ``cache_retention`` sets a
-    hosted cache's lifetime and ``explicit_cache`` turns on Gemini's explicit caches (``docs/hosted.md``).
+    cannot (``"vllm"``, ``"openai"``, ``"anthropic"``, ``"gemini"`` or ``"managed"``, any other provider's API;
+    ``"hosted"`` is taken for it too). ``cache_retention`` sets a managed cache's lifetime and ``explicit_cache``
+    turns on Gemini's explicit caches (``docs/hosted.md``).
 
     A pool of replicas of one model is ``api_base=[url, url, …]`` (typed: ``replicas=(url, …)``): each conversation
     keeps one replica, moves to its next one while its own is down, and comes back (``docs/fleet.md``). Every request
@@ -111,7 +112,7 @@ class Backend:
             raise ConfigurationError(f"Backend.window must be a positive int, got {self.window!r}")
         if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
             raise ConfigurationError(f"Backend.api_base must be an http(s) URL, got {redact_url(str(self.api_base))!r}")
-        if self.provider is not None and self.provider not in PROVIDERS:
+        if self.provider is not None and self.provider not in PROVIDERS and self.provider not in ALIASES:
             raise ConfigurationError(f"Backend.provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
         check_options(self.provider_kind, self.cache_retention, self.explicit_cache)
 

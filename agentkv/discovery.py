@@ -372,7 +372,7 @@ class WindowDiscovery:
 def _parsed(answer: Returned[Any] | Raised, backend: Backend) -> ServerInfo | BaseException:
     """A ``/models`` answer parsed, or what failed (an HTTP error, or an answer that is not one)."""
     if isinstance(answer, Raised):
-        if isinstance(answer.error, HttpError):
+        if isinstance(answer.error, (HttpError, ValueError)):  # a transport of the caller's may raise either
             return answer.error
         raise answer.error
     try:

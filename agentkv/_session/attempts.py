@@ -65,10 +65,10 @@ class Attempt:
 
     @property
     def body(self) -> dict[str, Any]:
-        """This try's JSON body: the caller's (streaming switches included) addressed to the backend's model, with
-        the clamped budget, the tenant's salt where the backend takes one, the provider's marks and the KV import
-        a handoff named."""
-        return outgoing_body({**(self.raw_body or self.kwargs), "model": self.backend.served_model}, self)
+        """This try's JSON body: the caller's (streaming switches included; its ``model`` on a fast try, slow's
+        model id on a slow one), with the clamped budget, the tenant's salt where the backend takes one, the
+        provider's marks and the KV import a handoff named."""
+        return outgoing_body(self.raw_body or self.kwargs, self)
 
     @property
     def content(self) -> bytes:

@@ -61,8 +61,11 @@ def recover(s: SessionParts, attempt: Attempt, error: Exception, overflow: Overf
     s.report(TurnEvent("recovered", attempt, {"action": plan.action, "variant": overflow.variant}))
     fast = replace(facts.fast, window=overflow.max_context or facts.fast.window) \
         if attempt.decision.role == "fast" else facts.fast
-    decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=s.routing,
-                              requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
+    try:
+        decision = after_recovery(attempt.decision, plan, fast=fast, slow=facts.slow, policy=s.routing,
+                                  requested_max_tokens=max_tokens_of(attempt.kwargs), safe_tokens=attempt.count.safe)
+    except ContextOverflowError as refused:  # the escalation finds slow too small for what the server counted
+        return GiveUp(_caused(refused, error))
     escalated = decision.role != attempt.decision.role
     backend = s.addressed(decision.role, facts, attempt.turn.replicas_down) if escalated else attempt.backend
     moved = replace(attempt, decision=decision, backend=backend, reactive_clamped=not escalated)

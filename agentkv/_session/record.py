@@ -64,7 +64,7 @@ class Recorder:
             if event is not None and self._report is not None:
                 self._report(replace(event, data={**event.data, "usage": usage}))
 
-        if attempt.kwargs.get("stream"):
+        if attempt.kwargs.get("stream"):  # litellm's stream; a prepared request's sender reports its usage at its end
             return StreamWatcher(response, answered)
         answered(response_usage(response))
         return response

@@ -257,7 +257,9 @@ class Session:
 
     def answered(self, attempt: Attempt, response: Any) -> Any:
         """Record ``attempt`` as answered with ``response`` (a dict or object with OpenAI's ``usage``):
-        requests per backend, the ledger row, the escalation and its cached tokens, as :meth:`completion`."""
+        requests per backend, the ledger row, the escalation and its cached tokens, as :meth:`completion`. For a
+        prepared (:meth:`prepare`) streamed request, call it once the stream has ended, with its usage chunk (or an
+        object holding its ``usage``), as the gateway and the OpenAI transport do."""
         return run(steps.finish(self._parts, attempt, response), self._parts.jobs)  # its background: tasks on a loop
 
     # ----------------------------------------------------------------- a request sent elsewhere, or none

@@ -7,11 +7,13 @@ and never starts a thread. It yields what it needs done, an effect, and is sent 
   sync driver, ``await async_(*args)`` under the async one. What the call raises is thrown into the machine at the
   ``yield`` (a store's :class:`~agentkv.state.StateUnavailable` is caught where a fallback exists);
 - :class:`Wait`: sleep ``delay_s`` (a retry's backoff), with the sleeper the effect names;
-- :class:`Spawn`: start another machine in the background (a task on the running loop where there is one, else a
-  thread on the daemon pool), never waited for; its failure never reaches the machine that spawned it;
+- :class:`Spawn`: start another machine in the background (a task under the async driver, a thread on the daemon
+  pool under the sync one), never waited for; its failure never reaches the machine that spawned it;
 - :class:`Offload`: CPU-bound work (torch): inline under the sync driver, on a worker thread under the async one.
 
-A machine's ``return`` is the step's result. Machines compose with ``yield from``.
+A machine's ``return`` is the step's result. Machines compose with ``yield from``. A cancellation (a task's timeout,
+a client that left) is thrown into the machine at its ``yield``: its ``finally`` blocks run, and the cleanup they
+yield (a lease given back) is carried out before the cancellation goes on.
 :func:`run` and :func:`arun` are the only places that differ by mode, and the only twins:
 
     def facts(store, url):                       # written once
@@ -112,7 +114,7 @@ def run(machine: Machine[R], jobs: BackgroundJobs | None = None) -> R:
                 _spawn(effect, jobs or _process_jobs())
             else:
                 value = effect.fn()
-        except Exception as exc:  # the machine decides what a failed effect means
+        except BaseException as exc:  # the machine decides; a cancellation is thrown in, so its cleanup runs
             value, error = _failed(effect, exc)
 
 
@@ -137,7 +139,7 @@ async def arun(machine: Machine[R], jobs: BackgroundJobs | None = None) -> R:
                 held.task(_aquiet(effect.job(), held), effect.timeout_s)
             else:
                 value = await asyncio.to_thread(effect.fn)
-        except Exception as exc:
+        except BaseException as exc:
             value, error = _failed(effect, exc)
 
 
@@ -147,20 +149,18 @@ def _process_jobs() -> BackgroundJobs:
 
 
 def _spawn(effect: Spawn, jobs: BackgroundJobs) -> None:
-    """Start a background machine from the sync driver: a task when this thread runs an event loop (a sync step
-    called from async code: the loop's drain then waits for it, and its calls go through the async seams), else a
-    thread on the daemon pool."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        jobs.thread(_in_background(effect.job, jobs))
-        return
-    jobs.task(_aquiet(effect.job(), jobs), effect.timeout_s)
+    """Start a background machine from the sync driver: a thread on the daemon pool, whether or not this thread runs
+    an event loop (a sync call made inside one never yields to it, so a task would wait until the caller returns)."""
+    jobs.thread(_in_background(effect.job, jobs))
 
 
-def _failed(effect: Effect, exc: Exception) -> tuple[Any, Exception | None]:
-    """What the machine gets back for an effect that raised: a :class:`Raised` value, or the error thrown in."""
-    return (Raised(exc), None) if isinstance(effect, Call) and effect.captures else (None, exc)
+def _failed(effect: Effect, exc: BaseException) -> tuple[Any, BaseException | None]:
+    """What the machine gets back for an effect that raised: a :class:`Raised` value (an error of a capturing
+    :class:`Call`), or the error thrown in (a cancellation always: the machine's ``finally`` blocks then run, and
+    what they yield is carried out before the cancellation goes on)."""
+    if isinstance(exc, Exception) and isinstance(effect, Call) and effect.captures:
+        return Raised(exc), None
+    return None, exc
 
 
 def _in_background(job: Callable[[], Machine[Any]], jobs: BackgroundJobs) -> Callable[[], None]:

@@ -59,6 +59,7 @@ class AsyncTasks:
         task = asyncio.get_running_loop().create_task(asyncio.wait_for(work, timeout_s))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_retrieved)
         return task
 
     async def wait(self, timeout_s: float) -> None:
@@ -70,6 +71,13 @@ class AsyncTasks:
     def pending(self) -> bool:
         """Whether a task is still in flight."""
         return any(not task.done() for task in self._tasks)
+
+
+def _retrieved(task: "asyncio.Task[Any]") -> None:
+    """A background task that ended in an error (its timeout, most often): said once, never left for asyncio's
+    "exception was never retrieved" at garbage collection."""
+    if not task.cancelled() and task.exception() is not None:
+        emit("background_job_failed", level="warning", error=type(task.exception()).__name__)
 
 
 class BackgroundJobs:

@@ -47,6 +47,7 @@ async def relay(ctx: GatewayContext, session: Session, body: dict[str, Any]) -> 
     connection closed) and the prepared one sent instead. Every try after that is the Session's loop
     (:meth:`Session.aturn`): retried, recovered and failed over as ``Session.acompletion``'s."""
     started = time.perf_counter()
+    body = {**body, "model": session.fast.served_model}  # a gateway's clients name any model: fast serves it
     early = _presend(ctx, session, body)
     try:
         attempt = await session.aprepare(body)

@@ -30,7 +30,7 @@ ENGINES = ("replay", "embedded", "vllm")
 class ExportRequest:
     """The one-token request that asks fast's connector to export the conversation's prefix."""
 
-    url: str
+    url: str = field(repr=False)  # may carry credentials (user:password@, ?api_key=): never in a repr
     body: Mapping[str, Any] = field(repr=False)  # the prompt and the tenant's salt: never in a repr
     headers: Mapping[str, str] | None = field(default=None, repr=False)  # the routing headers: where fast served
     timeout_s: float = 60.0
@@ -51,8 +51,8 @@ class EscalationPlan:
     reason: str = ""
     fallback: bool = False
     min_attention_cosine: float = DEFAULT_MIN_ATTENTION_COSINE
-    fast_url: str | None = None
-    slow_url: str | None = None
+    fast_url: str | None = field(default=None, repr=False)  # URLs may carry credentials: never in a repr
+    slow_url: str | None = field(default=None, repr=False)
     fast_label: str = ""
     prefix: Payload | None = field(default=None, repr=False)
     cache_salt: str | None = field(default=None, repr=False)  # a salt is a capability: never in a repr

@@ -226,10 +226,13 @@ class ExplicitCaches:
         for cache in self._released():
             done = yield Call(self._http.request, self._http.arequest, ("DELETE", f"{_root(cache.backend)}/{cache.name}"),
                               {"timeout_s": _TIMEOUT_S, "headers": cache.headers}, captures=True)
-            if isinstance(done, Raised):
-                self._delete_failed(cache, done.error)
-            else:
-                self._deleted(cache, gone=False)
+            try:
+                if isinstance(done, Raised):
+                    self._delete_failed(cache, done.error)
+                else:
+                    self._deleted(cache, gone=False)
+            except Exception as exc:  # its storage unpriced; the next caches are released all the same
+                emit("explicit_cache_unpriced", level="warning", error=type(exc).__name__, session=self._session)
 
     def __bool__(self) -> bool:
         with self._lock:

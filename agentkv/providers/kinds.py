@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from agentkv.errors import ConfigurationError
 
-__all__ = ["KINDS", "MANAGED_PREFIXES", "PROVIDERS", "Kind", "Provider", "check_options", "kind_of",
+__all__ = ["ALIASES", "KINDS", "MANAGED_PREFIXES", "PROVIDERS", "Kind", "Provider", "check_options", "kind_of",
            "litellm_provider", "provider_of"]
 
 Provider = str
@@ -72,6 +72,8 @@ MANAGED_PREFIXES = frozenset({
     "sambanova", "databricks", "watsonx",
 }) | {prefix for kind in KINDS for prefix in kind.prefixes if not kind.hosts}
 _BY_NAME = {kind.name: kind for kind in KINDS}
+ALIASES = {"hosted": "managed"}
+"""Names a kind is also declared by: ``provider="hosted"``, the managed kind's first name."""
 
 
 def kind_of(name: str) -> Kind:
@@ -91,7 +93,7 @@ def provider_of(model: str, api_base: str | None, declared: str | None = None) -
     ``managed`` for the other managed APIs in :data:`MANAGED_PREFIXES`; ``hosted_vllm/`` and every other provider
     with an ``api_base`` are self-hosted; a model with no ``api_base`` is a managed API."""
     if declared is not None:
-        return declared
+        return ALIASES.get(declared, declared)
     prefix = litellm_provider(model)
     for kind in KINDS:
         if prefix and prefix in kind.prefixes:

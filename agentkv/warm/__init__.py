@@ -8,7 +8,9 @@ server's prefix cache then holds the conversation when escalation comes.
 - :mod:`agentkv.warm.economics`: the break-even gate (pure): warm only when an escalation is forecast within
   the slow cache's expected lifetime;
 - :mod:`agentkv.state.guards`: the tenant-scoped :class:`CooldownMap` and the :class:`InFlightLimit`;
-- :mod:`agentkv.warm.sender`: one Session's guards in order, and the threads and tasks that send;
+- :mod:`agentkv.warm.claims`: a warm's claims on the state store (cooldown, in-flight slot), as machines;
+- :mod:`agentkv.warm.sender`: the decision and its claim (:class:`~agentkv.warm.sender.Claimed`), the plan
+  (:class:`~agentkv.warm.sender.WarmPlan`) and the executor, spawned by the turn;
 - :mod:`agentkv.warm.events`: event-aware mode's pure :func:`decide_event_warm` over a :class:`Residency`
   (skip a resident prefix, re-warm an evicted one, top up a growing tail), read by
   :mod:`agentkv.warm.aware` from a :class:`~agentkv.cache_ledger.CacheLedger`.

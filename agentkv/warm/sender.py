@@ -78,7 +78,7 @@ class WarmRequest:
     """A warm's request: a raw POST of ``body`` (with ``headers``) to ``url``, or, with no ``url``, ``call`` (litellm
     kwargs) through the Session's completion client."""
 
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # URLs may carry credentials: never in a repr
     body: Mapping[str, Any] | None = field(default=None, repr=False)
     headers: Mapping[str, str] | None = field(default=None, repr=False)
     call: Mapping[str, Any] | None = field(default=None, repr=False)
@@ -92,7 +92,7 @@ class WarmPlan:
 
     claimed: Claimed
     request: WarmRequest
-    replica: str | None = None
+    replica: str | None = field(default=None, repr=False)  # a replica's URL may carry credentials
     accounted: Backend | None = None
     trace: WarmTrace | None = None
     residency: SlowResidency | None = None
@@ -228,14 +228,16 @@ class WarmAhead:
         if plan.claimed.check and plan.residency is not None:
             yield from self._checking(plan, plan.residency, http, client)
             return
-        answer = yield from self._sent_request(plan, http, client)
-        if isinstance(answer, Raised):
-            yield from self._failing(answer.error, plan.replica)
-        else:
-            self._stats.add("warm_completed")
-            self._answered_by(plan.replica)
-            self._account(plan.accounted, answer.value)
-        yield from released(self._store, plan.claimed.lease)
+        try:
+            answer = yield from self._sent_request(plan, http, client)
+            if isinstance(answer, Raised):
+                yield from self._failing(answer.error, plan.replica)
+            else:
+                self._stats.add("warm_completed")
+                self._answered_by(plan.replica)
+                self._account(plan.accounted, answer.value)
+        finally:  # timed out or cancelled too: the slot is given back
+            yield from released(self._store, plan.claimed.lease)
 
     def _sent_request(self, plan: WarmPlan, http: HttpTransport, client: Any) -> Machine[Any]:
         """The plan's request as one effect (in a span when the plan has a trace); what it returned or raised."""
@@ -261,32 +263,33 @@ class WarmAhead:
 
     def _checking(self, plan: WarmPlan, residency: SlowResidency, http: HttpTransport, client: Any) -> Machine[None]:
         """An event-aware warm: the slow server's ids, the ledger, the decision, the send, the settling."""
-        claim, lease = plan.claimed, plan.claimed.lease
-        payload = claim.payload
-        assert payload is not None
-        failure: Exception | None = None
+        held = [plan.claimed.lease]  # the lease held now (a re-warm's or a top-up's is claimed on the way)
         try:
-            ids, exact = yield from residency.counter.ids(payload)
-            outcome = self._judged(residency.outcome(ids, exact, claimed=claim.claimed, policy=self.policy), ids)
-            if outcome in SENDS and not claim.claimed:
-                lease = self._event_lease(*(yield from claimed(self._store, self._event_claim())))
-            if outcome in SENDS and (claim.claimed or lease is not None):
-                sent_at = time.time()  # the publishers' clock, as the Session stamps a request for its prediction
-                answer = yield from self._sent_request(plan, http, client)
-                if isinstance(answer, Raised):
-                    raise answer.error
-                self._answered_by(plan.replica)
-                self._sent(outcome, payload)
-                residency.record_warm(ids, exact, sent_at, answer.value)
-                yield from residency.settling(ids)
+            yield from self._checked(plan, residency, http, client, held)
         except Exception as exc:  # a warm never raises into anyone
-            failure = exc
-        finally:
-            if claim.owns:
+            yield from self._failing(exc, plan.replica)
+        finally:  # cancelled too: the session's one check at a time is free again, and the slot given back
+            if plan.claimed.owns:
                 residency.busy.release()
-        if failure is not None:
-            yield from self._failing(failure, plan.replica)
-        yield from released(self._store, lease)
+            yield from released(self._store, held[0])
+
+    def _checked(self, plan: WarmPlan, residency: SlowResidency, http: HttpTransport, client: Any,
+                 held: list[Lease | None]) -> Machine[None]:
+        claim, payload = plan.claimed, plan.claimed.payload
+        assert payload is not None
+        ids, exact = yield from residency.counter.ids(payload)
+        outcome = self._judged(residency.outcome(ids, exact, claimed=claim.claimed, policy=self.policy), ids)
+        if outcome in SENDS and not claim.claimed:
+            held[0] = self._event_lease(*(yield from claimed(self._store, self._event_claim())))
+        if outcome in SENDS and (claim.claimed or held[0] is not None):
+            sent_at = time.time()  # the publishers' clock, as the Session stamps a request for its prediction
+            answer = yield from self._sent_request(plan, http, client)
+            if isinstance(answer, Raised):
+                raise answer.error
+            self._answered_by(plan.replica)
+            self._sent(outcome, payload)
+            residency.record_warm(ids, exact, sent_at, answer.value)
+            yield from residency.settling(ids)
 
     def _account(self, backend: Backend | None, response: Any) -> None:
         """A managed warm's cache writes and dollars into the stats (a warm never raises into anyone)."""
