@@ -128,7 +128,7 @@ def test_events_dropped_by_a_filtering_logger_are_not_computed(monkeypatch):
     from agentkv import events
 
     hashed = []
-    monkeypatch.setattr("agentkv._session.steps.prompt_fields", lambda p: hashed.append(p) or {})
+    monkeypatch.setattr("agentkv._session.processors.prompt_fields", lambda p: hashed.append(p) or {})
     fast = Backend("hosted_vllm/m", window=4096)
     try:
         assert events.enabled("info") and events.enabled("debug")

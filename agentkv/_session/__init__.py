@@ -13,8 +13,8 @@ One request, in the order it happens:
   (presend), and what a request sent outside agentkv must carry;
 - :mod:`.attempts`: one try (:class:`Attempt`) and the request builders; :mod:`.inputs`: the facts and the checks;
 - :mod:`.pipeline`: each thing that happens in a turn (routed, warmed, recovered, failed over, handed off, answered,
-  failed) as one event through the Session's processors (stats, the structlog event, the span, what an answer
-  teaches, a managed API's dollars);
+  failed) as one event through the Session's processors (:mod:`.processors`: stats, the structlog event, the span,
+  what an answer teaches, a managed API's dollars);
 - :mod:`.record`: stats and the turn ledger; :mod:`.prediction`: the cache ledger's prediction per request;
   :mod:`.warm_prefix`: the warm-prefix check at the move to slow; :mod:`.hosted`: a managed slow model's share of a
   warm (its cacheable minimum, its premium, the cost gate's tally).

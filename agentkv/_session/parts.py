@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypedDict, cast
 
 import agentkv._support.env as _env
 from agentkv.http.transport import HttpTransport, default_http
@@ -27,7 +27,7 @@ from agentkv.state import StateStore, ejections_for
 from agentkv.state.config import resolve_state
 from agentkv.stats import SessionStats
 from agentkv.telemetry import tenant_digest
-from agentkv._session.pipeline import Pipeline, TurnEvent, processors
+from agentkv._session.pipeline import Pipeline, Processor, TurnEvent
 from agentkv._support.effects import Machine, Spawn
 from agentkv.providers import SessionContext, SessionProviders
 from agentkv.tenancy import keeps_caller_salt, resolve_cache_salt
@@ -38,7 +38,6 @@ from agentkv._support.jobs import BackgroundJobs
 from agentkv.warm.sender import WarmAhead
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
     from agentkv.cache_ledger import CacheLedger
 
@@ -100,7 +99,10 @@ class SessionParts:
     counters, the warm-ahead sender, the handoff) and what it keeps between requests (stats, the turn ledger, the last
     route, the last two payloads). The :class:`~agentkv.Session` holds one; the steps of a turn read it."""
 
-    def __init__(self, fast: Backend, slow: Backend | None = None, **options: Unpack[SessionOptions]) -> None:
+    def __init__(self, fast: Backend, slow: Backend | None, options: SessionOptions,
+                 registered: Callable[[Sequence[Backend]], tuple[Processor, ...]]) -> None:
+        """``options``: the Session's keyword arguments; ``registered``: the processors its backends' events go
+        through (:func:`agentkv._session.processors.registered`)."""
         check_backends(fast, slow)
         unknown = sorted(set(options) - set(SESSION_DEFAULTS))
         if unknown:
@@ -142,7 +144,7 @@ class SessionParts:
                                  tenant=tenant, report=self.report)
         self.sends = LitellmSends()  # the tools as litellm sends them, rebuilt when the caller's change
         self._warming(options.get("clock") or time.monotonic, options.get("cache_ledger"))
-        self.pipeline = Pipeline(processors(self))  # each turn event through the processors that apply here
+        self.pipeline = Pipeline(registered(self.backends()))  # each turn event through the processors that apply
         self.closed = False
 
     def _identities(self, cache_salt: str | bool | None, secret: str | None) -> None:

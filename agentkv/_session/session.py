@@ -27,6 +27,7 @@ from agentkv._session import gather, outside, steps, warming
 from agentkv._session.attempts import Attempt
 from agentkv._session.decide import Failed, FailOver, GiveUp, Recover
 from agentkv._session.inputs import check_headers, request_payload
+from agentkv._session.processors import registered
 from agentkv._session.parts import DEFAULT_REQUEST_TIMEOUT_S, SessionOptions, SessionParts, session_signature
 from agentkv._session.turn import TurnEnd, next_try, opening, turn
 from agentkv._session.warm_prefix import prefix_report
@@ -79,7 +80,7 @@ class Session:
     """
 
     def __init__(self, fast: Backend, slow: Backend | None = None, **options: Unpack[SessionOptions]) -> None:
-        self._parts = SessionParts(fast, slow, **options)
+        self._parts = SessionParts(fast, slow, options, registered)
 
     def __repr__(self) -> str:
         return f"Session(session_id={self.session_id!r}, fast={self.fast.label!r}, " \
