@@ -40,7 +40,7 @@ import structlog  # noqa: E402
 
 from agentkv import Backend, Session  # noqa: E402
 from agentkv._support.env import import_litellm  # noqa: E402
-from agentkv.http.transport import Transitional, default_http  # noqa: E402
+from agentkv.http.transport import default_http  # noqa: E402
 from agentkv.demo.script import TOOLS, ScriptedAgent  # noqa: E402
 from agentkv.tokens.templates import CHATML_TOOLS_TEMPLATE  # noqa: E402
 
@@ -64,7 +64,7 @@ def served(window: int) -> Iterator[str]:
         child.wait(10)
 
 
-class CountingHttp(Transitional):
+class CountingHttp:
     """The default HTTP seam, counting the ``/tokenize`` calls that go through it."""
 
     def __init__(self) -> None:
