@@ -1,7 +1,9 @@
-"""Transient-error retries (429, 5xx, timeouts, connection errors) with tenacity, and what counts as an outage.
+"""Transient-error retries (429, 5xx, timeouts, connection errors), decided as tenacity's ``iter`` decides, and what
+counts as an outage.
 
-Bounded attempts, exponential backoff with jitter, an injectable sleep. No other 4xx is retried, and
-a context overflow is never "transient": the Session's overflow path handles it.
+Bounded attempts, exponential backoff with jitter, an injectable sleep: :meth:`RetryPolicy.retry_after` says whether
+and after how long a failed try is tried again, and the turn waits that long (a ``Wait`` effect). No other 4xx is
+retried, and a context overflow is never "transient": the Session's overflow path handles it.
 
 An outage (the backend could not be reached, or said it is unavailable) is decided from the error's
 cause, not from the class a client wrapped it in: litellm reports a refused connection to ``hosted_vllm``
