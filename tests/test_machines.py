@@ -115,7 +115,7 @@ def test_a_warm_past_its_timeout_gives_its_slot_and_its_check_back(check):
     process's next conversations are not refused as saturated."""
     store, jobs = InProcessStore(), BackgroundJobs()
     tenant = f"timeout-{check}-{time.monotonic_ns()}"  # the cooldowns are the process's
-    warm = WarmAhead(WarmAheadPolicy(timeout_s=0.1, max_in_flight=1), store, SessionStats(), jobs, session_id="s",
+    warm = WarmAhead(WarmAheadPolicy(timeout_s=0.1, max_in_flight=1), store, SessionStats(), session_id="s",
                      tenant=tenant)
     residency = _Residency()
     outcome, lease = store.claim(warm._claim())
@@ -134,7 +134,7 @@ def test_a_warm_past_its_timeout_gives_its_slot_and_its_check_back(check):
         await jobs.adrain(10.0)
 
     asyncio.run(main())
-    other = WarmAhead(WarmAheadPolicy(timeout_s=0.1, max_in_flight=1), store, SessionStats(), jobs,
+    other = WarmAhead(WarmAheadPolicy(timeout_s=0.1, max_in_flight=1), store, SessionStats(),
                       session_id="other", tenant=tenant)
     outcome, lease = store.claim(other._claim())
     store.release(lease)

@@ -169,7 +169,7 @@ class SessionParts:
     def _warming(self, clock: Callable[[], float], ledger: CacheLedger | None) -> None:
         """The warm-ahead sender, event-aware when ``ledger`` follows the slow backend."""
         slow = self.slow
-        self.warm = WarmAhead(self.warm_ahead, self.state, self.session_stats, self.jobs, session_id=self.session_id,
+        self.warm = WarmAhead(self.warm_ahead, self.state, self.session_stats, session_id=self.session_id,
                               tenant=self.tenant, clock=clock,
                               tenant_key=None if self.tenant is None else self.tenant_digest,
                               ejections=self.ejections, cooloff_s=self.retry.replica_cooloff_s)

@@ -21,7 +21,6 @@ from functools import partial
 from typing import Any, Callable, Mapping
 
 from agentkv._support.effects import Call, Machine, Raised
-from agentkv._support.jobs import BackgroundJobs
 from agentkv.http.transport import HttpTransport, redact_url
 from agentkv.errors import ConfigurationError
 from agentkv.backends import Backend
@@ -117,12 +116,12 @@ class WarmAhead:
     It keeps the conversation's last ``policy.growth_turns`` (``clock()``, tokens) samples for the
     break-even gate: bounded, and no I/O. ``ejections``: where a pool replica a warm found down is marked."""
 
-    def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats, jobs: BackgroundJobs,
+    def __init__(self, policy: WarmAheadPolicy, store: StateStore, stats: SessionStats,
                  *, session_id: str, tenant: str | None, clock: Callable[[], float] = time.monotonic,
                  tenant_key: str | None = None, ejections: Ejections | None = None,
                  cooloff_s: float = DEFAULT_COOLOFF_S) -> None:
         self.policy = policy
-        self._store, self._stats, self._jobs = store, stats, jobs
+        self._store, self._stats = store, stats
         if tenant is not None and EVENT_SEP in tenant:
             raise ConfigurationError(f"a tenant name cannot contain {EVENT_SEP!r} (it separates event-aware claims)")
         self._session_id, self._tenant = session_id, tenant
