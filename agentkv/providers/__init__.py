@@ -2,8 +2,8 @@
 
 A kind (:mod:`agentkv.providers.kinds`: ``vllm``, ``anthropic``, ``openai``, ``gemini``, ``managed``) has one
 :class:`ProviderStrategy`, which owns what its requests carry (the salt, breakpoints, cache key, explicit cache:
-:meth:`~ProviderStrategy.marked`), the warm's body and URL, its prices and shortest cacheable prompt, its exact count
-source, whether an answer moved the conversation's cache, and, per Session, the state it keeps and cleans up at close
+:meth:`~ProviderStrategy.marked`), the warm's URL, its prices and shortest cacheable prompt, whether an answer moved
+the conversation's cache, and, per Session, the state it keeps and cleans up at close
 (:meth:`~ProviderStrategy.session_part`: Gemini's explicit caches):
 
     strategy_for(backend).marked(backend, call, Marks(salt=salt, routing_key=key, cache_end=end))
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from agentkv.http.transport import HttpTransport
     from agentkv.protocols import CompletionClient
     from agentkv.stats import SessionStats
-    from agentkv.tokens.sources import ServerSource
-    from agentkv.tokens.breaker import CircuitBreaker
     from agentkv.wire.usage import Usage
 
 __all__ = ["KINDS", "PROVIDERS", "Marks", "Provider", "ProviderStrategy", "SessionContext", "SessionPart", "SessionProviders",
@@ -90,10 +88,6 @@ class ProviderStrategy(Protocol):
         """``call`` (litellm kwargs addressed to ``backend``) with this provider's marks: vLLM's salt, Anthropic's
         breakpoints, OpenAI's cache key, Gemini's explicit cache; the caller's objects never edited."""
 
-    def raw_marked(self, backend: "Backend", body: Mapping[str, Any], marks: Marks) -> dict[str, Any]:
-        """A raw OpenAI body (a raw warm's, the OpenAI-SDK transport's, the gateway's, a framework's ``extra_body``)
-        with this provider's marks."""
-
     def warm_url(self, backend: "Backend", *, text: bool = False) -> str | None:
         """The URL a warm to ``backend`` is POSTed to raw (``/completions`` for a ``text`` completion), or None to send
         it through litellm."""
@@ -106,11 +100,6 @@ class ProviderStrategy(Protocol):
 
     def cache_moves(self, backend: "Backend", usage: "Usage") -> bool:
         """Whether an answer from ``backend`` moved the conversation's last cache write to the end of its request."""
-
-    def count_source(self, backend: "Backend", *, http: "HttpTransport | None", timeout_s: float,
-                     breaker: "CircuitBreaker | None") -> "ServerSource | None":
-        """The exact count source ``backend``'s server offers (vLLM's ``/tokenize``, a provider's count endpoint),
-        None where it has none."""
 
     def session_part(self, backends: Sequence["Backend"], context: SessionContext) -> SessionPart | None:
         """This provider's state in a Session whose backends of this kind are ``backends`` (None: it keeps none)."""

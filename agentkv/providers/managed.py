@@ -14,12 +14,9 @@ from typing import Any, Mapping, Sequence
 
 from agentkv._support.defaults import shared
 from agentkv.backends import Backend
-from agentkv.http.transport import HttpTransport
 from agentkv.providers import Marks, SessionContext, SessionPart
 from agentkv.providers.prices import Prices, prices_for
-from agentkv.tenancy import with_body_salt, with_cache_salt
-from agentkv.tokens.breaker import CircuitBreaker
-from agentkv.tokens.sources import ServerSource
+from agentkv.tenancy import with_cache_salt
 from agentkv.wire.usage import Usage
 
 __all__ = ["DEFAULT_CACHE_MINIMUM", "MANAGED", "ManagedApi", "unsalted"]
@@ -45,9 +42,6 @@ class ManagedApi:
     def marked(self, backend: Backend, call: Mapping[str, Any], marks: Marks) -> dict[str, Any]:
         return unsalted(call)
 
-    def raw_marked(self, backend: Backend, body: Mapping[str, Any], marks: Marks) -> dict[str, Any]:
-        return with_body_salt(body, None)
-
     def warm_url(self, backend: Backend, *, text: bool = False) -> str | None:
         return None  # through litellm, which speaks the provider's API
 
@@ -67,10 +61,6 @@ class ManagedApi:
 
     def cache_moves(self, backend: Backend, usage: Usage) -> bool:
         return True  # each request's marks wrote the cache up to its end
-
-    def count_source(self, backend: Backend, *, http: HttpTransport | None, timeout_s: float,
-                     breaker: CircuitBreaker | None) -> ServerSource | None:
-        return None  # no count endpoint: litellm's tokenizer counts
 
     def session_part(self, backends: Sequence[Backend], context: SessionContext) -> SessionPart | None:
         return None

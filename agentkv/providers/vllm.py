@@ -8,12 +8,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from agentkv.backends import Backend
-from agentkv.http.transport import HttpTransport
 from agentkv.providers import Marks, SessionContext, SessionPart
 from agentkv.providers.prices import Prices
-from agentkv.tenancy import with_body_salt, with_cache_salt
-from agentkv.tokens.breaker import CircuitBreaker
-from agentkv.tokens.sources import ServerSource
+from agentkv.tenancy import with_cache_salt
 from agentkv.wire.usage import Usage
 
 __all__ = ["VLLM", "SelfHosted"]
@@ -29,9 +26,6 @@ class SelfHosted:
 
     def marked(self, backend: Backend, call: Mapping[str, Any], marks: Marks) -> dict[str, Any]:
         return with_cache_salt(call, marks.salt, keep_caller=marks.keep_caller_salt)
-
-    def raw_marked(self, backend: Backend, body: Mapping[str, Any], marks: Marks) -> dict[str, Any]:
-        return with_body_salt(body, marks.salt, keep_caller=marks.keep_caller_salt)
 
     def warm_url(self, backend: Backend, *, text: bool = False) -> str | None:
         """Its ``/chat/completions`` (``/completions``) when it takes the OpenAI body as it is and needs no key: the
@@ -49,12 +43,6 @@ class SelfHosted:
 
     def cache_moves(self, backend: Backend, usage: Usage) -> bool:
         return True
-
-    def count_source(self, backend: Backend, *, http: HttpTransport | None, timeout_s: float,
-                     breaker: CircuitBreaker | None) -> ServerSource | None:
-        if backend.server_root is None:
-            return None
-        return ServerSource(backend, http=http, timeout_s=timeout_s, breaker=breaker)
 
     def session_part(self, backends: Sequence[Backend], context: SessionContext) -> SessionPart | None:
         return None

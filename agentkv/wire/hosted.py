@@ -21,23 +21,10 @@ import re
 from typing import Any, Mapping, Sequence
 
 __all__ = ["MAX_BREAKPOINTS", "anthropic_marked", "caller_marks", "explicit_cache_moves", "gemini_marked",
-           "gemini_named", "gemini_unmarked", "hosted_request", "names_missing_cache", "openai_keyed"]
+           "gemini_named", "gemini_unmarked", "names_missing_cache", "openai_keyed"]
 
 MAX_BREAKPOINTS = 4
 """Anthropic's limit of ``cache_control`` blocks in one request (a fifth is a 400)."""
-def hosted_request(provider: str, call: dict[str, Any], *, routing_key: str | None, cache_end: int | None,
-                   retention: str | None = None, explicit: bool = False) -> dict[str, Any]:
-    """``call`` (litellm kwargs) with ``provider``'s cache fields: ``cache_end`` is how many of its messages the
-    conversation's last cache write covered (the warm's, or the previous slow turn's; None: none yet)."""
-    if provider == "anthropic":
-        return anthropic_marked(call, cache_end=cache_end, ttl=retention)
-    if provider == "openai":
-        return openai_keyed(call, routing_key=routing_key, retention=retention)
-    if provider == "gemini" and explicit:
-        return gemini_marked(call, cache_end=cache_end, ttl=retention)
-    return call
-
-
 # ----------------------------------------------------------------- Anthropic
 
 def _mark(ttl: str | None) -> dict[str, str]:
